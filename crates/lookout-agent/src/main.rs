@@ -1,0 +1,78 @@
+//! `lookout`: the node agent's command line.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// The BPF object built by `cargo xtask build-ebpf` (empty when the agent
+/// was built without it).
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookout-ebpf.o"));
+
+/// The embedded BPF object, if this build has one.
+fn ebpf_object() -> Option<&'static [u8]> {
+    (!EBPF_OBJECT.is_empty()).then_some(EBPF_OBJECT)
+}
+
+/// lookout discovers the containers on this node the moment they are
+/// created, and when they exit.
+#[derive(Debug, Parser)]
+#[command(name = "lookout", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check what this node supports and which discovery mode `auto` picks.
+    ///
+    /// Exits 0 whenever the probe ran, whatever it found.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ProbeArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Where the host's root file system is mounted.
+    #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+    /// An extra runtime binary to look for (a host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH")]
+    runtime_paths: Vec<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOOKOUT_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe(args) => probe(args),
+    }
+}
+
+fn probe(args: ProbeArgs) -> anyhow::Result<()> {
+    let opts = lookout_probe::ProbeOptions::new()
+        .host_root(args.host_root)
+        .runtime_paths(args.runtime_paths)
+        .bpf_object(ebpf_object());
+    let report = lookout_probe::probe(&opts);
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).context("serializing the probe report")?;
+        println!("{json}");
+    } else {
+        print!("{report}");
+    }
+    tracing::info!("{}", report.summary());
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! Types shared by lookout's BPF programs (`lookout-ebpf`) and user space.
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of pointers, so the
+//! same bytes mean the same thing on both sides of a ring buffer. The crate
+//! is `no_std` and has no dependencies, so the BPF build can use it.
+//!
+//! The names of programs and maps are constants here as well, so a rename
+//! on one side fails to compile instead of failing to load.
+#![no_std]
+#![deny(missing_docs)]
+
+/// Name of the capability-probe tracepoint program.
+pub const PROBE_PROGRAM: &str = "lookout_probe";
+/// Tracepoint category the probe program attaches to.
+pub const PROBE_TRACEPOINT_CATEGORY: &str = "syscalls";
+/// Tracepoint the probe program attaches to. `getppid` is called rarely on a
+/// node, and the program filters by tgid first, so other callers pay a few
+/// instructions.
+pub const PROBE_TRACEPOINT: &str = "sys_enter_getppid";
+/// Name of the probe's ring buffer map.
+pub const PROBE_EVENTS_MAP: &str = "PROBE_EVENTS";
+/// Name of the global that holds the tgid the probe program reports on.
+pub const PROBE_TGID_GLOBAL: &str = "PROBE_TGID";
+/// Marker written by the probe program, so user space can tell a real
+/// record from stray bytes.
+pub const PROBE_MAGIC: u32 = 0x6c6f_6f6b; // "look"
+
+/// The record the probe program writes when the probing process calls
+/// `getppid(2)`: proof that a tracepoint program ran and a ring buffer
+/// delivered its output.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeEvent {
+    /// Always [`PROBE_MAGIC`].
+    pub magic: u32,
+    /// The tgid that triggered the program.
+    pub tgid: u32,
+    /// `bpf_ktime_get_ns()` at the tracepoint (CLOCK_MONOTONIC).
+    pub ktime_ns: u64,
+}
+
+impl ProbeEvent {
+    /// Size in bytes of the record in the ring buffer.
+    pub const SIZE: usize = core::mem::size_of::<ProbeEvent>();
+
+    /// Decodes a ring buffer record (which need not be aligned).
+    pub fn from_bytes(bytes: &[u8]) -> Option<ProbeEvent> {
+        if bytes.len() < Self::SIZE {
+            return None;
+        }
+        let u32_at =
+            |o: usize| u32::from_ne_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let mut k = [0u8; 8];
+        k.copy_from_slice(&bytes[8..16]);
+        Some(ProbeEvent {
+            magic: u32_at(0),
+            tgid: u32_at(4),
+            ktime_ns: u64::from_ne_bytes(k),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_unaligned_record() {
+        let mut buf = [0u8; 17];
+        buf[1..5].copy_from_slice(&PROBE_MAGIC.to_ne_bytes());
+        buf[5..9].copy_from_slice(&77u32.to_ne_bytes());
+        buf[9..17].copy_from_slice(&5u64.to_ne_bytes());
+        let e = ProbeEvent::from_bytes(&buf[1..]).expect("16 bytes");
+        assert_eq!(
+            e,
+            ProbeEvent {
+                magic: PROBE_MAGIC,
+                tgid: 77,
+                ktime_ns: 5
+            }
+        );
+        assert!(ProbeEvent::from_bytes(&buf[..8]).is_none());
+    }
+}

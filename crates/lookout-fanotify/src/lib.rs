@@ -1,0 +1,139 @@
+//! Safe fanotify for Linux, with an async (tokio) event stream.
+//!
+//! # Overview
+//!
+//! - [`Fanotify`] is a group: create it with [`Fanotify::builder`], add
+//!   marks with [`Fanotify::add_mark`], read with [`Fanotify::read_events`].
+//! - [`Event`] owns the fd the kernel opened for it. A permission event
+//!   (`FAN_*_PERM`) holds a [`Permission`] guard that answers "allow" when
+//!   dropped, so no code path can leave a process blocked in the kernel.
+//! - [`InfoRecord`] decodes FID, DFID, DFID_NAME and pidfd records.
+//! - [`AsyncFanotify`] (feature `tokio`, on by default) waits for events on
+//!   the tokio reactor.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use lookout_fanotify::{Class, Fanotify, Mask, MarkFlags, Report};
+//! # fn main() -> Result<(), lookout_fanotify::Error> {
+//! let group = Fanotify::builder()
+//!     .class(Class::Content)
+//!     .report(Report::TID)
+//!     .nonblock(false)
+//!     .init()?; // needs CAP_SYS_ADMIN
+//! group.add_mark("/usr/bin/runc".as_ref(), MarkFlags::empty(), Mask::OPEN_EXEC_PERM)?;
+//! let mut buf = vec![0; lookout_fanotify::MIN_READ_BUFFER];
+//! let mut events = Vec::new();
+//! group.read_events(&mut buf, &mut events)?;
+//! for mut event in events {
+//!     println!("tid {} executes {:?}", event.pid(), event.path());
+//!     if let Some(permission) = event.take_permission() {
+//!         permission.allow()?;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Gotchas
+//!
+//! - With `FAN_REPORT_TID` the `pid` of an exec event is the thread that
+//!   called `execve`; at event time `/proc/<pid>/cmdline` is still the
+//!   *parent's* image.
+//! - A group sees pid `0` for processes outside its pid namespace.
+//! - FID reporting and permission classes cannot be combined on the kernels
+//!   we target: use two groups.
+//! - Closing the group allows every pending permission event. This is the
+//!   safety net if the reader crashes.
+#![deny(missing_docs)]
+
+#[cfg(feature = "tokio")]
+mod async_fd;
+mod event;
+mod flags;
+mod group;
+mod sys;
+
+#[cfg(feature = "tokio")]
+pub use async_fd::AsyncFanotify;
+pub use event::{Event, FidKind, FileHandle, InfoRecord, Permission, Response};
+pub use flags::{Class, MarkFlags, Mask, Report};
+pub use group::{Builder, Fanotify, MIN_READ_BUFFER};
+
+use std::path::PathBuf;
+
+/// Errors from this crate. `Read` and `Respond` failures on a live group
+/// are usually transient; `Init` and `Mark` failures describe the system
+/// (missing capability, kernel option, file system) and will repeat.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `fanotify_init` failed. `EPERM`: no `CAP_SYS_ADMIN`; `EINVAL`: a flag
+    /// this kernel lacks (for example `FAN_CLASS_CONTENT` without
+    /// `CONFIG_FANOTIFY_ACCESS_PERMISSIONS`); `ENOSYS`: no fanotify at all.
+    #[error("fanotify_init(flags={flags:#x}) failed: {source}")]
+    Init {
+        /// The flags passed.
+        flags: u32,
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `fanotify_mark` failed for `path`.
+    #[error("fanotify_mark on {} failed: {source}", path.display())]
+    Mark {
+        /// The path (or `/proc/self/fd/N`).
+        path: PathBuf,
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `read` on the group failed.
+    #[error("reading fanotify events failed: {source}")]
+    Read {
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a permission response failed.
+    #[error("answering fanotify permission event (fd {fd}) failed: {source}")]
+    Respond {
+        /// The event's fd.
+        fd: i32,
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel returned bytes that do not parse as events. Events before
+    /// `offset` were delivered.
+    #[error("malformed fanotify event at byte {offset}: {reason}")]
+    Malformed {
+        /// Byte offset in the read buffer.
+        offset: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The read buffer is smaller than [`MIN_READ_BUFFER`].
+    #[error("read buffer of {len} bytes is smaller than {min}")]
+    BufferTooSmall {
+        /// Given length.
+        len: usize,
+        /// Required length.
+        min: usize,
+    },
+    /// [`AsyncFanotify`] needs a non-blocking group.
+    #[error("the async API needs a group built with nonblock(true)")]
+    Blocking,
+}
+
+impl Error {
+    /// The OS errno behind this error, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Init { source, .. }
+            | Error::Mark { source, .. }
+            | Error::Read { source }
+            | Error::Respond { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}

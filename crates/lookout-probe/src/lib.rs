@@ -1,0 +1,235 @@
+//! Probe what a Linux node supports for container discovery, and choose the
+//! best discovery mode, with a reason for every better mode refused.
+//!
+//! # Overview
+//!
+//! [`probe`] runs every check once and returns a [`ProbeReport`]:
+//!
+//! - fanotify: `fanotify_init(FAN_CLASS_CONTENT)`, a `FAN_OPEN_EXEC_PERM`
+//!   mark on a real runtime binary, `FAN_REPORT_TID`, `FAN_REPORT_DFID_NAME`;
+//! - BPF: the agent's embedded object, BTF, a ring buffer map, a tracepoint
+//!   program that must deliver one event end to end;
+//! - the kernel, capabilities, pid and user namespaces, sandboxes (gVisor);
+//! - runtime binaries under the host root ([`find_runtimes`]);
+//! - Kubernetes configuration and `NODE_NAME`; the cgroup layout.
+//!
+//! From these, [`Facts::decide`] walks the [`Mode::LADDER`]
+//! (fanotify-ebpf → fanotify → podinformer → scan) and picks the first mode
+//! whose requirements hold. Checks never fail the probe: a failing check is
+//! a finding, with the errno and its likely cause in its detail.
+//!
+//! Probing leaves nothing behind: every fanotify group and BPF program it
+//! creates is closed before [`probe`] returns. The exec-permission mark on
+//! the runtime binary lives for two syscalls, and the group is drained
+//! (allowing any exec it caught) before it closes.
+//!
+//! # Example
+//!
+//! ```no_run
+//! let report = lookout_probe::probe(&lookout_probe::ProbeOptions::new());
+//! println!("{report}");
+//! println!("{}", report.summary());
+//! ```
+#![deny(missing_docs)]
+
+mod bpf;
+mod decide;
+mod errno;
+mod fanotify;
+mod report;
+mod runtimes;
+mod system;
+mod tracefs;
+
+use std::path::{Path, PathBuf};
+
+pub use bpf::BpfFacts;
+pub use decide::Facts;
+pub use errno::{describe as describe_io_error, errno_name};
+pub use fanotify::{FanotifyFacts, explain_init as explain_fanotify_init};
+pub use report::{Check, Fail, Mode, ProbeReport, Refusal, Status, UnknownMode};
+pub use runtimes::{
+    KNOWN_RUNTIME_PATHS, RUNTIME_NAMES, RuntimeBinary, candidate_paths, find_runtimes,
+    resolve_in_root,
+};
+pub use tracefs::{TRACEFS_PATHS, Tracefs, ensure_tracefs, tracefs_path};
+
+/// How an environment variable is looked up (replaceable in tests).
+type EnvLookup = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Inputs of a probe run.
+pub struct ProbeOptions<'a> {
+    host_root: PathBuf,
+    bpf_object: Option<&'a [u8]>,
+    runtime_paths: Vec<PathBuf>,
+    env: EnvLookup,
+}
+
+impl Default for ProbeOptions<'_> {
+    fn default() -> Self {
+        ProbeOptions {
+            host_root: PathBuf::from("/"),
+            bpf_object: None,
+            runtime_paths: Vec::new(),
+            env: Box::new(|k| std::env::var(k).ok()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ProbeOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeOptions")
+            .field("host_root", &self.host_root)
+            .field("bpf_object", &self.bpf_object.map(<[u8]>::len))
+            .field("runtime_paths", &self.runtime_paths)
+            .finish()
+    }
+}
+
+impl<'a> ProbeOptions<'a> {
+    /// Defaults: host root `/`, no BPF object, the process environment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where the host's file system is mounted (default `/`; in a pod,
+    /// typically `/host`).
+    pub fn host_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.host_root = root.into();
+        self
+    }
+
+    /// The BPF object to try (the agent embeds it); `None` or empty means
+    /// it is missing.
+    pub fn bpf_object(mut self, object: Option<&'a [u8]>) -> Self {
+        self.bpf_object = object;
+        self
+    }
+
+    /// Extra runtime binary paths (host paths), like `--runtime-path`.
+    pub fn runtime_paths(mut self, paths: Vec<PathBuf>) -> Self {
+        self.runtime_paths = paths;
+        self
+    }
+
+    /// Replaces the environment lookup (`NODE_NAME`, `KUBECONFIG`, ...).
+    pub fn env(mut self, lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.env = Box::new(lookup);
+        self
+    }
+}
+
+fn unit(r: &Result<String, Fail>) -> Result<(), String> {
+    r.as_ref().map(|_| ()).map_err(|f| f.reason.clone())
+}
+
+/// Runs every check and decides the discovery mode.
+pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
+    let mut checks = Vec::new();
+    let env = |k: &str| (opts.env)(k);
+
+    checks.push(Check::from_result("kernel", &system::kernel_release()));
+    checks.extend(system::capability_checks(&system::effective_caps()));
+    let pidns = system::host_pid_namespace();
+    checks.push(Check::from_result("namespace:pid", &pidns));
+    checks.push(Check::from_result(
+        "namespace:user",
+        &system::host_user_namespace(),
+    ));
+    let sandbox = system::sandbox();
+    checks.push(Check::from_result("sandbox", &sandbox));
+    checks.push(Check::from_result("cgroup", &system::cgroup_version()));
+
+    let candidates = candidate_paths(
+        env("PATH").as_deref().map(std::ffi::OsStr::new),
+        &opts.runtime_paths,
+    );
+    let runtimes = find_runtimes(&opts.host_root, &candidates);
+    let runtimes_fact = runtime_checks(&opts.host_root, &candidates, &runtimes, &mut checks);
+
+    let fan = fanotify::probe(&runtimes, &opts.host_root);
+    checks.push(Check::from_result("fanotify:init", &fan.init));
+    checks.push(Check::from_result(
+        "fanotify:exec-permission-mark",
+        &fan.exec_mark,
+    ));
+    checks.push(Check::from_result("fanotify:report-tid", &fan.report_tid));
+    checks.push(Check::from_result(
+        "fanotify:report-dfid-name",
+        &fan.dfid_name,
+    ));
+
+    let bpf = bpf::probe(opts.bpf_object);
+    checks.push(Check::from_result("bpf:object", &bpf.object));
+    checks.push(Check::from_result("bpf:btf", &bpf.btf));
+    checks.push(Check::from_result("bpf:ringbuf", &bpf.ringbuf));
+    checks.push(Check::from_result("bpf:tracepoint", &bpf.tracepoint));
+
+    let kube = system::kube_config(&env);
+    let node = system::node_name(&env);
+    checks.push(Check::from_result("kubernetes:config", &kube));
+    checks.push(Check::from_result("kubernetes:node-name", &node));
+    checks.push(Check::from_result(
+        "state-dirs",
+        &system::state_dirs(&opts.host_root),
+    ));
+
+    let fanotify = unit(&fan.init).and_then(|()| unit(&fan.exec_mark));
+    let kube_fact = match (unit(&kube), unit(&node)) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(a), Ok(())) | (Ok(()), Err(a)) => Err(a),
+        (Err(a), Err(b)) => Err(format!("{a}; {b}")),
+    };
+    let facts = Facts {
+        fanotify,
+        report_tid: unit(&fan.report_tid),
+        bpf: bpf.usable(),
+        host_pid_ns: unit(&pidns),
+        sandbox: unit(&sandbox),
+        runtimes: runtimes_fact,
+        kube: kube_fact,
+    };
+    let (mode, refused) = facts.decide();
+    ProbeReport {
+        host_root: opts.host_root.display().to_string(),
+        checks,
+        mode,
+        refused,
+        runtimes,
+        facts: Some(facts),
+    }
+}
+
+fn runtime_checks(
+    root: &Path,
+    candidates: &[PathBuf],
+    found: &[RuntimeBinary],
+    checks: &mut Vec<Check>,
+) -> Result<(), String> {
+    if found.is_empty() {
+        let reason = format!(
+            "no container runtime binary ({}) found under {} ({} paths checked; add --runtime-path)",
+            RUNTIME_NAMES.join(", "),
+            root.display(),
+            candidates.len()
+        );
+        checks.push(Check::new("runtimes", Status::Unsupported, reason.clone()));
+        return Err(reason);
+    }
+    for b in found {
+        let mut detail = b.host_path.display().to_string();
+        if b.resolved != root.join(b.host_path.strip_prefix("/").unwrap_or(&b.host_path)) {
+            detail.push_str(&format!(" -> {}", b.resolved.display()));
+        }
+        if !b.aliases.is_empty() {
+            let aliases: Vec<String> = b.aliases.iter().map(|a| a.display().to_string()).collect();
+            detail.push_str(&format!(" (also {})", aliases.join(", ")));
+        }
+        checks.push(Check::new(
+            format!("runtime:{}", b.name),
+            Status::Ok,
+            detail,
+        ));
+    }
+    Ok(())
+}

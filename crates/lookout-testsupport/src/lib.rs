@@ -1,0 +1,154 @@
+//! Test support shared by lookout's crates.
+//!
+//! - [`skip`] and [`require_root`]: a test whose prerequisite is missing
+//!   prints a loud `SKIPPED` line and returns, except under CI (`CI=true`),
+//!   where it fails: CI runs as root with every package installed, so a skip
+//!   there is a broken environment, not a pass.
+//! - [`Restrictions`]: run a child process the way an unprivileged or
+//!   sandboxed node would, with a seccomp filter that makes chosen syscalls
+//!   fail with a chosen errno, and with capabilities removed.
+#![deny(missing_docs)]
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// Whether we run under CI (`CI` set to anything but `false`/`0`/empty).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Reports a skipped test. Panics under CI.
+pub fn skip(test: &str, reason: &str) {
+    if in_ci() {
+        panic!("{test}: prerequisite missing under CI: {reason}");
+    }
+    eprintln!("\n!!! SKIPPED {test}: {reason}\n");
+}
+
+/// Whether the test process is root. If not, reports `test` as skipped.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        skip(test, "needs root (run `sudo -E cargo xtask test`)");
+    }
+    root
+}
+
+/// Whether `program` is on PATH. If not, reports `test` as skipped.
+pub fn require_program(test: &str, program: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false);
+    if !found {
+        skip(test, &format!("`{program}` is not installed"));
+    }
+    found
+}
+
+/// Linux capability numbers (see capabilities(7)) used by the tests.
+pub mod cap {
+    /// CAP_DAC_READ_SEARCH.
+    pub const DAC_READ_SEARCH: u32 = 2;
+    /// CAP_SYS_PTRACE.
+    pub const SYS_PTRACE: u32 = 19;
+    /// CAP_SYS_ADMIN.
+    pub const SYS_ADMIN: u32 = 21;
+    /// CAP_PERFMON.
+    pub const PERFMON: u32 = 38;
+    /// CAP_BPF.
+    pub const BPF: u32 = 39;
+}
+
+/// Restrictions applied to a child between `fork` and `exec`.
+///
+/// ```no_run
+/// use lookout_testsupport::{Restrictions, cap};
+/// let mut cmd = std::process::Command::new("lookout");
+/// Restrictions::new()
+///     .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
+///     .drop_capability(cap::SYS_ADMIN)
+///     .apply(&mut cmd)
+///     .unwrap();
+/// ```
+#[derive(Debug, Default, Clone)]
+pub struct Restrictions {
+    deny: Vec<(i64, i32)>,
+    drop_caps: Vec<u32>,
+}
+
+impl Restrictions {
+    /// No restrictions yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes syscall `nr` (a `libc::SYS_*` number) fail with `errno`.
+    pub fn deny_syscall(mut self, nr: i64, errno: i32) -> Self {
+        self.deny.push((nr, errno));
+        self
+    }
+
+    /// Removes capability `cap` from the bounding set, so that the exec'd
+    /// program (even as root) does not get it.
+    pub fn drop_capability(mut self, cap: u32) -> Self {
+        self.drop_caps.push(cap);
+        self
+    }
+
+    /// Installs the restrictions on `cmd` (they take effect in the child).
+    pub fn apply(&self, cmd: &mut Command) -> io::Result<()> {
+        // Compile the filters here, in the parent: the pre_exec closure runs
+        // after fork and must not allocate.
+        let mut programs = Vec::new();
+        for &(nr, errno) in &self.deny {
+            let rules = std::collections::BTreeMap::from([(nr, Vec::new())]);
+            let filter = seccompiler::SeccompFilter::new(
+                rules,
+                seccompiler::SeccompAction::Allow,
+                seccompiler::SeccompAction::Errno(errno as u32),
+                std::env::consts::ARCH
+                    .try_into()
+                    .map_err(|e| io::Error::other(format!("seccomp arch: {e:?}")))?,
+            )
+            .map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
+            let prog: seccompiler::BpfProgram = filter
+                .try_into()
+                .map_err(|e| io::Error::other(format!("seccomp compile: {e:?}")))?;
+            programs.push(prog);
+        }
+        let caps = self.drop_caps.clone();
+        let hook = move || -> io::Result<()> {
+            for &c in &caps {
+                // SAFETY: prctl with integer arguments; no memory is passed.
+                if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if !caps.is_empty() {
+                // SAFETY: as above.
+                let rc = unsafe {
+                    libc::prctl(
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                        0,
+                        0,
+                        0,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for prog in &programs {
+                seccompiler::apply_filter(prog).map_err(|e| io::Error::other(e.to_string()))?;
+            }
+            Ok(())
+        };
+        // SAFETY: the closure only makes prctl/seccomp syscalls on data
+        // prepared before the fork; it neither allocates nor takes locks.
+        unsafe { cmd.pre_exec(hook) };
+        Ok(())
+    }
+}

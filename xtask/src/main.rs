@@ -1,0 +1,39 @@
+//! `cargo xtask`: lookout's build tasks. One module per subcommand.
+
+mod build_ebpf;
+mod run;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "lookout's build tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build the BPF programs (nightly, build-std=core, BTF) into
+    /// target/bpf/lookout-ebpf.o, installing rust-src and bpf-linker if missing.
+    BuildEbpf(build_ebpf::Options),
+    /// Install what the tests need (as root), build the BPF programs, run all tests.
+    Test(test::Options),
+    /// Build the BPF programs and the agent, then run `lookout ARGS`.
+    Run(run::Options),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::BuildEbpf(o) => build_ebpf::build_ebpf(&o).map(|_| ()),
+        Command::Test(o) => test::test(&o),
+        Command::Run(o) => run::run(&o),
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}

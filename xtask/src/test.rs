@@ -1,0 +1,80 @@
+//! `cargo xtask test`: everything the full suite needs, then the suite.
+
+use std::process::Command;
+
+use crate::util::{cargo, exec, is_root, output, say};
+
+/// Debian packages the tests use (real runtimes, a static busybox for root
+/// file systems, iproute2/util-linux for namespaces).
+pub const PACKAGES: &[&str] = &[
+    "runc",
+    "crun",
+    "containerd",
+    "conmon",
+    "busybox-static",
+    "util-linux",
+];
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Do not apt-get install missing packages.
+    #[arg(long)]
+    pub no_install: bool,
+    /// Extra arguments for `cargo test`, after `--`.
+    #[arg(last = true)]
+    pub cargo_args: Vec<String>,
+}
+
+pub fn test(opts: &Options) -> anyhow::Result<()> {
+    let root = is_root();
+    if root && !opts.no_install {
+        install_packages()?;
+    } else if !root {
+        say(
+            "test",
+            "not root: not installing packages; tests that need root or packages print SKIPPED \
+             (run `sudo -E cargo xtask test` for the full suite)",
+        );
+    }
+    crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
+        toolchain: "nightly".into(),
+    })?;
+    let mut cmd = cargo();
+    cmd.args(["test", "-j2", "--workspace"])
+        .args(&opts.cargo_args);
+    exec("test", &mut cmd, "see the failing test above")
+}
+
+fn installed(pkg: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+fn install_packages() -> anyhow::Result<()> {
+    if output(Command::new("apt-get").arg("--version")).is_none() {
+        say(
+            "test",
+            "apt-get not found: install these packages yourself: {PACKAGES:?}",
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        say("test", "all test packages are installed");
+        return Ok(());
+    }
+    say("test", &format!("installing {}", missing.join(" ")));
+    exec(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+        "check the network access to Debian's mirrors",
+    )?;
+    exec(
+        "apt-get install",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "install the packages above by hand and rerun",
+    )
+}
