@@ -44,6 +44,13 @@
 //!   we target: use two groups.
 //! - Closing the group allows every pending permission event. This is the
 //!   safety net if the reader crashes.
+//! - ...but only when the *last* reference to the group goes. A child you
+//!   fork holds a copy of the group fd until its `execve` succeeds
+//!   (`FD_CLOEXEC` acts after the permission check), so a child that execs a
+//!   marked file keeps the group alive while it waits on it. Never let the
+//!   thread that answers events wait for such a child (`Command::spawn`
+//!   waits for the exec!), and close the group fd in `pre_exec` for children
+//!   that may exec marked binaries.
 #![deny(missing_docs)]
 
 #[cfg(feature = "tokio")]

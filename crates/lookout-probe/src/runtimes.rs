@@ -217,6 +217,7 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let r = root.path();
         std::fs::create_dir_all(r.join("usr/bin")).expect("mkdir");
+        std::fs::create_dir_all(r.join("etc")).expect("mkdir");
         symlink("../../../../../../etc", r.join("usr/bin/escape")).expect("symlink");
         let got = resolve_in_root(r, Path::new("/usr/bin/escape")).expect("resolves");
         assert_eq!(got, r.join("etc"));

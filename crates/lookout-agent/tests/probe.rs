@@ -1,0 +1,207 @@
+//! `lookout probe` as a user runs it: the real binary, as root, with
+//! restrictions (seccomp, dropped capabilities) applied to it the way a
+//! locked-down node would.
+
+use std::process::Command;
+
+use lookout_testsupport::{Restrictions, cap, in_ci, require_root, skip};
+use serde_json::Value;
+
+fn lookout() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+    // A node without a cluster unless a test says otherwise.
+    for var in [
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+        "KUBECONFIG",
+        "NODE_NAME",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("HOME", "/nonexistent");
+    cmd
+}
+
+/// Runs `lookout probe --json` with `restrictions`; asserts exit 0 and
+/// returns the parsed report.
+fn probe_json(restrictions: Restrictions, env: &[(&str, &str)]) -> Value {
+    let mut cmd = lookout();
+    cmd.args(["probe", "--json"]).envs(env.iter().copied());
+    restrictions.apply(&mut cmd).expect("apply restrictions");
+    let out = cmd.output().expect("run lookout probe");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "lookout probe failed: {:?}\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "probe --json printed invalid JSON: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn check<'a>(report: &'a Value, name: &str) -> (&'a str, &'a str) {
+    let c = report["checks"]
+        .as_array()
+        .expect("checks array")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {report}"));
+    (
+        c["status"].as_str().expect("status"),
+        c["detail"].as_str().expect("detail"),
+    )
+}
+
+fn refused(report: &Value, mode: &str) -> String {
+    report["refused"]
+        .as_array()
+        .expect("refused array")
+        .iter()
+        .find(|r| r["mode"] == mode)
+        .and_then(|r| r["reason"].as_str())
+        .unwrap_or_else(|| panic!("{mode} not refused in {report}"))
+        .to_owned()
+}
+
+#[test]
+fn picks_fanotify_ebpf_on_this_machine() {
+    if !require_root("picks_fanotify_ebpf_on_this_machine") {
+        return;
+    }
+    let report = probe_json(Restrictions::new(), &[]);
+    if check(&report, "bpf:object").0 != "ok" && !in_ci() {
+        skip(
+            "picks_fanotify_ebpf_on_this_machine",
+            "agent built without `cargo xtask build-ebpf`",
+        );
+        return;
+    }
+    for name in [
+        "fanotify:init",
+        "fanotify:exec-permission-mark",
+        "fanotify:report-tid",
+        "fanotify:report-dfid-name",
+        "bpf:object",
+        "bpf:btf",
+        "bpf:ringbuf",
+        "bpf:tracepoint",
+        "namespace:pid",
+        "capability:CAP_SYS_ADMIN",
+    ] {
+        let (status, detail) = check(&report, name);
+        assert_eq!(status, "ok", "{name}: {detail}");
+    }
+    assert_eq!(report["mode"], "fanotify-ebpf", "{report}");
+    assert_eq!(report["refused"], serde_json::json!([]));
+    let (status, detail) = check(&report, "kubernetes:config");
+    assert_eq!(status, "unsupported", "{detail}");
+}
+
+fn fanotify_denied(errno: i32, name: &str) {
+    if !require_root(&format!("fanotify_init_{name}")) {
+        return;
+    }
+    let report = probe_json(
+        Restrictions::new().deny_syscall(libc::SYS_fanotify_init, errno),
+        &[],
+    );
+    let (status, detail) = check(&report, "fanotify:init");
+    assert_eq!(status, "unsupported");
+    assert!(
+        detail.contains(name),
+        "fanotify:init detail should name {name}: {detail}"
+    );
+    assert_eq!(
+        check(&report, "fanotify:exec-permission-mark").0,
+        "unsupported"
+    );
+    assert_eq!(report["mode"], "scan", "{report}");
+    for mode in ["fanotify-ebpf", "fanotify"] {
+        let reason = refused(&report, mode);
+        assert!(
+            reason.contains(&format!("fanotify_init: {name}")),
+            "{mode}: {reason}"
+        );
+    }
+    assert!(refused(&report, "podinformer").contains("no cluster"));
+}
+
+#[test]
+fn fanotify_init_enosys_falls_back() {
+    fanotify_denied(libc::ENOSYS, "ENOSYS");
+}
+
+#[test]
+fn fanotify_init_eperm_falls_back() {
+    fanotify_denied(libc::EPERM, "EPERM");
+}
+
+#[test]
+fn fanotify_init_eperm_with_a_cluster_picks_the_informer() {
+    if !require_root("fanotify_init_eperm_with_a_cluster_picks_the_informer") {
+        return;
+    }
+    let dir = tempfile_dir();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").expect("write kubeconfig");
+    let kc = kubeconfig.to_str().expect("utf-8 path");
+    let report = probe_json(
+        Restrictions::new().deny_syscall(libc::SYS_fanotify_init, libc::EPERM),
+        &[("KUBECONFIG", kc), ("NODE_NAME", "node-a")],
+    );
+    assert_eq!(report["mode"], "podinformer", "{report}");
+    assert_eq!(check(&report, "kubernetes:node-name"), ("ok", "node-a"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn without_cap_sys_admin_fanotify_is_refused() {
+    if !require_root("without_cap_sys_admin_fanotify_is_refused") {
+        return;
+    }
+    let report = probe_json(Restrictions::new().drop_capability(cap::SYS_ADMIN), &[]);
+    let (status, detail) = check(&report, "capability:CAP_SYS_ADMIN");
+    assert_eq!(status, "unsupported", "{detail}");
+    let (status, detail) = check(&report, "fanotify:init");
+    assert_eq!(status, "unsupported");
+    assert!(
+        detail.contains("EPERM") && detail.contains("CAP_SYS_ADMIN"),
+        "{detail}"
+    );
+    assert_eq!(report["mode"], "scan", "{report}");
+    assert!(refused(&report, "fanotify-ebpf").contains("EPERM"));
+}
+
+#[test]
+fn text_output_is_a_table_and_exits_zero() {
+    if !require_root("text_output_is_a_table_and_exits_zero") {
+        return;
+    }
+    let mut cmd = lookout();
+    cmd.arg("probe");
+    Restrictions::new()
+        .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
+        .apply(&mut cmd)
+        .expect("restrict");
+    let out = cmd.output().expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("CHECK"), "{text}");
+    assert!(text.contains("mode: scan"), "{text}");
+    assert!(
+        text.contains("refused fanotify-ebpf: fanotify_init: ENOSYS"),
+        "{text}"
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("discovery mode scan"), "{log}");
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lookout-probe-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("mkdir");
+    d
+}
