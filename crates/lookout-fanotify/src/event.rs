@@ -432,7 +432,7 @@ mod tests {
         body.extend_from_slice(&handle);
         body.extend_from_slice(name);
         body.push(0);
-        while (body.len() + INFO_HEADER_LEN) % 4 != 0 {
+        while !(body.len() + INFO_HEADER_LEN).is_multiple_of(4) {
             body.push(0);
         }
         let mut rec = vec![libc::FAN_EVENT_INFO_TYPE_DFID_NAME, 0];

@@ -45,10 +45,10 @@ impl Facts {
         };
         let mut reasons: Vec<&str> = Vec::new();
         for r in needed {
-            if let Err(reason) = r {
-                if !reasons.contains(&reason.as_str()) {
-                    reasons.push(reason);
-                }
+            if let Err(reason) = r
+                && !reasons.contains(&reason.as_str())
+            {
+                reasons.push(reason);
             }
         }
         if reasons.is_empty() {

@@ -261,7 +261,7 @@ mod tests {
         let kc = |k: &str| (k == "KUBECONFIG").then(|| "/definitely/missing".to_owned());
         assert!(
             kube_config(&kc)
-                .unwrap_err()
+                .expect_err("missing kubeconfig")
                 .reason
                 .contains("no existing file")
         );
