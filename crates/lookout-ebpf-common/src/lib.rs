@@ -82,3 +82,77 @@ mod tests {
         assert!(ProbeEvent::from_bytes(&buf[..8]).is_none());
     }
 }
+
+/// Name of the `sys_enter_execve` argv-capture program.
+pub const EXECVE_PROGRAM: &str = "lookout_execve";
+/// Name of the `sys_enter_execveat` argv-capture program.
+pub const EXECVEAT_PROGRAM: &str = "lookout_execveat";
+/// Name of the ring buffer the argv-capture programs write [`ExecEvent`]s to.
+pub const EXEC_EVENTS_MAP: &str = "EXEC_EVENTS";
+/// Name of the hash map of binary file names ([`ExecFilterKey`]) whose
+/// execs are captured. Everything else is discarded in the kernel.
+pub const EXEC_FILTER_MAP: &str = "EXEC_FILTER";
+/// Capacity of [`EXEC_FILTER_MAP`].
+pub const EXEC_FILTER_CAPACITY: u32 = 64;
+/// Size of the exec ring buffer in bytes (a power of two, page multiple).
+pub const EXEC_EVENTS_BYTES: u32 = 512 * 1024;
+
+/// Bytes kept of the exec'd file name.
+pub const FILENAME_LEN: usize = 256;
+/// Bytes kept of one argument (including its NUL).
+pub const ARG_LEN: usize = 256;
+/// Arguments kept at most.
+pub const MAX_ARGS: usize = 48;
+/// Bytes of the argument area (a power of two; see [`ExecEvent::args`]).
+pub const ARGS_SIZE: usize = 4096;
+
+/// `ExecEvent::flags`: argv had more than [`MAX_ARGS`] arguments or more
+/// than [`ARGS_SIZE`] bytes, or an argument was longer than [`ARG_LEN`].
+pub const EXEC_FLAG_TRUNCATED: u32 = 1;
+/// `ExecEvent::flags`: the record comes from `execveat(2)`.
+pub const EXEC_FLAG_EXECVEAT: u32 = 2;
+
+/// The key of [`EXEC_FILTER_MAP`]: a binary's file name, NUL-padded (and
+/// cut) to 16 bytes.
+pub type ExecFilterKey = [u8; 16];
+
+/// Builds the filter key of a binary file name.
+pub fn exec_filter_key(name: &[u8]) -> ExecFilterKey {
+    let mut key = [0u8; 16];
+    let n = name.len().min(16);
+    key[..n].copy_from_slice(&name[..n]);
+    key
+}
+
+/// One captured exec of a watched binary, written at `sys_enter_execve[at]`,
+/// that is, before the kernel opens the file and before any fanotify
+/// permission event for it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ExecEvent {
+    /// Process id of the caller.
+    pub tgid: u32,
+    /// Thread id of the caller: what fanotify reports with `FAN_REPORT_TID`.
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at syscall entry.
+    pub ktime_ns: u64,
+    /// Arguments captured.
+    pub argc: u32,
+    /// Bytes used in `args`.
+    pub args_len: u32,
+    /// `EXEC_FLAG_*`.
+    pub flags: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// The path passed to exec, NUL-terminated.
+    pub filename: [u8; FILENAME_LEN],
+    /// The arguments, each NUL-terminated, back to back. The extra
+    /// [`ARG_LEN`] bytes let the program write at any offset below
+    /// [`ARGS_SIZE`] without a bounds check the verifier cannot follow.
+    pub args: [u8; ARGS_SIZE + ARG_LEN],
+}
+
+impl ExecEvent {
+    /// Size in bytes of the record.
+    pub const SIZE: usize = core::mem::size_of::<ExecEvent>();
+}

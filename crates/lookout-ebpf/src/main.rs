@@ -12,6 +12,8 @@ use aya_ebpf::maps::RingBuf;
 use aya_ebpf::programs::TracePointContext;
 use lookout_ebpf_common::{PROBE_MAGIC, ProbeEvent};
 
+mod exec;
+
 /// The tgid the probe reports on; set by the loader (0 = nobody).
 #[unsafe(no_mangle)]
 static PROBE_TGID: u32 = 0;
@@ -39,6 +41,21 @@ pub fn lookout_probe(_ctx: TracePointContext) -> u32 {
         });
         slot.submit(0);
     }
+    0
+}
+
+/// argv capture at `syscalls/sys_enter_execve`.
+#[tracepoint]
+pub fn lookout_execve(ctx: TracePointContext) -> u32 {
+    let _ = exec::capture(&ctx, exec::EXECVE_FILENAME, exec::EXECVE_ARGV, exec::FLAGS_EXECVE);
+    0
+}
+
+/// argv capture at `syscalls/sys_enter_execveat` (runc re-executes itself
+/// this way, and some runtimes are started through an fd).
+#[tracepoint]
+pub fn lookout_execveat(ctx: TracePointContext) -> u32 {
+    let _ = exec::capture(&ctx, exec::EXECVEAT_FILENAME, exec::EXECVEAT_ARGV, exec::FLAGS_EXECVEAT);
     0
 }
 

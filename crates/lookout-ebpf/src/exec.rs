@@ -1,0 +1,135 @@
+//! argv capture for the runtime hook: `sys_enter_execve` and
+//! `sys_enter_execveat`, filtered by the exec'd file's name in the kernel.
+
+use aya_ebpf::helpers::{
+    bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+};
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::{HashMap, RingBuf};
+use aya_ebpf::programs::TracePointContext;
+use lookout_ebpf_common::{
+    ARG_LEN, ARGS_SIZE, EXEC_EVENTS_BYTES, EXEC_FILTER_CAPACITY, EXEC_FLAG_EXECVEAT, EXEC_FLAG_TRUNCATED,
+    ExecEvent, ExecFilterKey, FILENAME_LEN, MAX_ARGS,
+};
+
+#[map]
+static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
+
+#[map]
+static EXEC_FILTER: HashMap<ExecFilterKey, u8> = HashMap::with_max_entries(EXEC_FILTER_CAPACITY, 0);
+
+/// Offsets of the arguments in the tracepoint records (see
+/// /sys/kernel/tracing/events/syscalls/sys_enter_execve[at]/format).
+pub const EXECVE_FILENAME: usize = 16;
+pub const EXECVE_ARGV: usize = 24;
+pub const EXECVEAT_FILENAME: usize = 24;
+pub const EXECVEAT_ARGV: usize = 32;
+
+#[inline(always)]
+pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, flags: u32) -> Result<(), i64> {
+    // SAFETY: offsets come from the tracepoint format; read_at checks them.
+    let filename: u64 = unsafe { ctx.read_at(filename_off) }?;
+    // SAFETY: as above.
+    let argv: u64 = unsafe { ctx.read_at(argv_off) }?;
+
+    // Reserve first and read the file name straight into the record: the
+    // BPF stack (512 bytes) cannot hold it next to everything else.
+    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
+        return Err(-1);
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points to reserved ring buffer memory of ExecEvent::SIZE
+    // bytes that only this program writes until submit/discard.
+    let name_len = match unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut (*ev).filename) } {
+        Ok(s) => s.len(),
+        Err(e) => {
+            entry.discard(0);
+            return Err(e as i64);
+        }
+    };
+
+    // The basename: after the last '/'.
+    let mut start = 0usize;
+    let mut i = 0usize;
+    while i < FILENAME_LEN {
+        if i >= name_len {
+            break;
+        }
+        // SAFETY: i < FILENAME_LEN.
+        if unsafe { (*ev).filename[i] } == b'/' {
+            start = i + 1;
+        }
+        i += 1;
+    }
+    let mut key: ExecFilterKey = [0; 16];
+    let mut k = 0usize;
+    while k < 16 {
+        let idx = start + k;
+        if idx >= name_len || idx >= FILENAME_LEN {
+            break;
+        }
+        // SAFETY: idx < FILENAME_LEN.
+        key[k] = unsafe { (*ev).filename[idx] };
+        k += 1;
+    }
+    // SAFETY: a lookup in our own map; the value is not kept.
+    if unsafe { EXEC_FILTER.get(&key) }.is_none() {
+        entry.discard(0);
+        return Ok(());
+    }
+
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mut off = 0usize;
+    let mut argc = 0u32;
+    let mut fl = flags;
+    let argv = argv as *const u64;
+    let mut n = 0usize;
+    while n < MAX_ARGS {
+        // SAFETY: a user-space read through a checked helper.
+        let p = match unsafe { bpf_probe_read_user(argv.wrapping_add(n)) } {
+            Ok(p) => p,
+            Err(_) => break,
+        };
+        if p == 0 {
+            break;
+        }
+        let o = off & (ARGS_SIZE - 1);
+        // SAFETY: o < ARGS_SIZE and the array has ARGS_SIZE + ARG_LEN bytes.
+        let dst = unsafe { &mut (&mut (*ev).args)[o..o + ARG_LEN] };
+        // SAFETY: a user-space string read through a checked helper.
+        match unsafe { bpf_probe_read_user_str_bytes(p as *const u8, dst) } {
+            Ok(s) => {
+                if s.len() + 1 >= ARG_LEN {
+                    fl |= EXEC_FLAG_TRUNCATED;
+                }
+                off += s.len() + 1;
+                argc += 1;
+            }
+            Err(_) => break,
+        }
+        if off >= ARGS_SIZE {
+            fl |= EXEC_FLAG_TRUNCATED;
+            off = ARGS_SIZE;
+            break;
+        }
+        n += 1;
+    }
+    if n == MAX_ARGS {
+        fl |= EXEC_FLAG_TRUNCATED;
+    }
+    // SAFETY: fixed fields of the reserved record.
+    unsafe {
+        (*ev).tgid = (pid_tgid >> 32) as u32;
+        (*ev).tid = pid_tgid as u32;
+        (*ev).ktime_ns = bpf_ktime_get_ns();
+        (*ev).argc = argc;
+        (*ev).args_len = off as u32;
+        (*ev).flags = fl;
+        (*ev)._pad = 0;
+    }
+    entry.submit(0);
+    Ok(())
+}
+
+pub const FLAGS_EXECVE: u32 = 0;
+pub const FLAGS_EXECVEAT: u32 = EXEC_FLAG_EXECVEAT;

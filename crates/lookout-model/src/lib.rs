@@ -1,0 +1,263 @@
+//! The types every lookout crate shares: a [`Container`], the
+//! [`ContainerEvent`]s that announce it, and where they came from.
+//!
+//! # Overview
+//!
+//! - [`Container`]: id, runtime, pid, bundle, status, namespaces, cgroup,
+//!   OCI annotations and process args.
+//! - [`ContainerEvent`]: `added` or `removed`, stamped with
+//!   [`monotonic_ns`] (`CLOCK_MONOTONIC`, so latency can be measured from
+//!   outside the agent) and the [`Source`] that saw it.
+//! - The JSON form is what `lookout run` prints, one object per line:
+//!
+//! ```
+//! use lookout_model::*;
+//! let c = Container::new("abc", RuntimeKind::Runc);
+//! let e = ContainerEvent::added(Source::RuntimeHook, c);
+//! let line = serde_json::to_string(&e).unwrap();
+//! assert!(line.starts_with(r#"{"event":"added","monotonic_ns":"#));
+//! assert!(line.contains(r#""source":"runtime-hook""#));
+//! ```
+#![deny(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The OCI runtime (or monitor) that runs a container.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// runc.
+    Runc,
+    /// crun.
+    Crun,
+    /// gVisor's runsc.
+    Runsc,
+    /// youki.
+    Youki,
+    /// conmon (the monitor CRI-O and podman put in front of the runtime).
+    Conmon,
+    /// Anything else, by binary name.
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl RuntimeKind {
+    /// The kind for a binary's file name (`runc`, `crun`, ...).
+    pub fn from_binary_name(name: &str) -> RuntimeKind {
+        match name {
+            "runc" => RuntimeKind::Runc,
+            "crun" => RuntimeKind::Crun,
+            "runsc" => RuntimeKind::Runsc,
+            "youki" => RuntimeKind::Youki,
+            "conmon" => RuntimeKind::Conmon,
+            other => RuntimeKind::Other(other.to_owned()),
+        }
+    }
+
+    /// The name as printed.
+    pub fn as_str(&self) -> &str {
+        match self {
+            RuntimeKind::Runc => "runc",
+            RuntimeKind::Crun => "crun",
+            RuntimeKind::Runsc => "runsc",
+            RuntimeKind::Youki => "youki",
+            RuntimeKind::Conmon => "conmon",
+            RuntimeKind::Other(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which part of lookout saw a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// The runtime hook (fanotify on the runtime binaries).
+    RuntimeHook,
+    /// The start-up scan of runtime state directories.
+    StateScan,
+    /// The Kubernetes Pod informer.
+    Informer,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Source::RuntimeHook => "runtime-hook",
+            Source::StateScan => "state-scan",
+            Source::Informer => "informer",
+        })
+    }
+}
+
+/// The OCI status of a container when it was reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Created, its process waiting to be started.
+    Created,
+    /// Its process runs.
+    Running,
+    /// Its process exited.
+    Stopped,
+}
+
+/// Namespace inode numbers of the container's init process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// Mount namespace.
+    pub mnt: Option<u64>,
+    /// Network namespace.
+    pub net: Option<u64>,
+    /// Pid namespace.
+    pub pid: Option<u64>,
+}
+
+/// A container as lookout knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    /// The runtime's container id.
+    pub id: String,
+    /// The runtime that runs it.
+    pub runtime: RuntimeKind,
+    /// The host pid of its init process, once known.
+    pub pid: Option<u32>,
+    /// The OCI bundle directory (host path).
+    pub bundle: Option<PathBuf>,
+    /// Its status when reported.
+    pub status: Status,
+    /// Namespace inodes of its init process.
+    pub namespaces: Namespaces,
+    /// Its cgroup path (from `/proc/<pid>/cgroup`, the unified or first line).
+    pub cgroup: Option<String>,
+    /// OCI annotations from config.json.
+    pub annotations: BTreeMap<String, String>,
+    /// `process.args` from config.json.
+    pub args: Vec<String>,
+    /// `hostname` from config.json.
+    pub hostname: Option<String>,
+    /// The runtime's state directory root (`--root`), if known.
+    pub runtime_root: Option<PathBuf>,
+}
+
+impl Container {
+    /// A container with only an id and a runtime.
+    pub fn new(id: impl Into<String>, runtime: RuntimeKind) -> Container {
+        Container {
+            id: id.into(),
+            runtime,
+            pid: None,
+            bundle: None,
+            status: Status::Created,
+            namespaces: Namespaces::default(),
+            cgroup: None,
+            annotations: BTreeMap::new(),
+            args: Vec::new(),
+            hostname: None,
+            runtime_root: None,
+        }
+    }
+}
+
+/// What happened to a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// It was created (or found running).
+    Added,
+    /// Its init process exited.
+    Removed,
+}
+
+/// One event, as printed by `lookout run` (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEvent {
+    /// Added or removed.
+    pub event: EventKind,
+    /// `CLOCK_MONOTONIC` nanoseconds when lookout observed it.
+    pub monotonic_ns: u64,
+    /// Who saw it.
+    pub source: Source,
+    /// The container.
+    pub container: Container,
+    /// For `removed`: the exit code, when known.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exit_code: Option<i32>,
+}
+
+impl ContainerEvent {
+    /// An `added` event stamped now.
+    pub fn added(source: Source, container: Container) -> ContainerEvent {
+        ContainerEvent {
+            event: EventKind::Added,
+            monotonic_ns: monotonic_ns(),
+            source,
+            container,
+            exit_code: None,
+        }
+    }
+
+    /// A `removed` event stamped now.
+    pub fn removed(
+        source: Source,
+        mut container: Container,
+        exit_code: Option<i32>,
+    ) -> ContainerEvent {
+        container.status = Status::Stopped;
+        ContainerEvent {
+            event: EventKind::Removed,
+            monotonic_ns: monotonic_ns(),
+            source,
+            container,
+            exit_code,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_is_stable() {
+        let mut c = Container::new("c1", RuntimeKind::Crun);
+        c.pid = Some(42);
+        let e = ContainerEvent::removed(Source::StateScan, c, Some(3));
+        let v: serde_json::Value = serde_json::to_value(&e).expect("serialize");
+        assert_eq!(v["event"], "removed");
+        assert_eq!(v["source"], "state-scan");
+        assert_eq!(v["exit_code"], 3);
+        assert_eq!(v["container"]["runtime"], "crun");
+        assert_eq!(v["container"]["status"], "stopped");
+        assert_eq!(v["container"]["pid"], 42);
+        let back: ContainerEvent = serde_json::from_value(v).expect("round trip");
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn other_runtimes_keep_their_name() {
+        let k = RuntimeKind::from_binary_name("kata-runtime");
+        assert_eq!(serde_json::to_string(&k).expect("ser"), "\"kata-runtime\"");
+        assert!(monotonic_ns() > 0);
+    }
+}

@@ -1,0 +1,200 @@
+//! User side of the BPF argv capture: loads the programs, fills the name
+//! filter, and pairs ring buffer records with fanotify events by thread id.
+
+use std::collections::HashMap;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
+use aya::programs::TracePoint;
+use lookout_ebpf_common::{
+    ARGS_SIZE, EXEC_EVENTS_MAP, EXEC_FILTER_MAP, EXEC_FLAG_TRUNCATED, EXECVE_PROGRAM,
+    EXECVEAT_PROGRAM, ExecEvent, ExecFilterKey, exec_filter_key,
+};
+
+use crate::Error;
+
+/// Records kept waiting for their fanotify event at most (the oldest go).
+const MAX_PENDING: usize = 4096;
+
+/// One exec of a watched binary, as captured at syscall entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRecord {
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id (what fanotify reports with `FAN_REPORT_TID`).
+    pub tid: u32,
+    /// CLOCK_MONOTONIC at syscall entry.
+    pub ktime_ns: u64,
+    /// The path passed to exec.
+    pub filename: String,
+    /// The arguments.
+    pub argv: Vec<String>,
+    /// Whether argv was cut (too many or too long arguments).
+    pub truncated: bool,
+}
+
+impl ExecRecord {
+    /// Decodes a ring buffer record.
+    pub fn from_bytes(bytes: &[u8]) -> Option<ExecRecord> {
+        if bytes.len() < ExecEvent::SIZE {
+            return None;
+        }
+        // SAFETY: `bytes` holds at least size_of::<ExecEvent>() bytes, and
+        // ExecEvent is a plain repr(C) struct of integers and byte arrays,
+        // valid for any bit pattern; read_unaligned copes with alignment.
+        let ev: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let nul = ev
+            .filename
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(ev.filename.len());
+        let filename = String::from_utf8_lossy(&ev.filename[..nul]).into_owned();
+        let len = (ev.args_len as usize).min(ARGS_SIZE);
+        let argv = ev.args[..len]
+            .split(|&b| b == 0)
+            .take(ev.argc as usize)
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        Some(ExecRecord {
+            tgid: ev.tgid,
+            tid: ev.tid,
+            ktime_ns: ev.ktime_ns,
+            filename,
+            argv,
+            truncated: ev.flags & EXEC_FLAG_TRUNCATED != 0,
+        })
+    }
+}
+
+/// The loaded argv-capture programs.
+pub struct ExecCapture {
+    // Keeps the programs attached; dropping it detaches them.
+    _ebpf: aya::Ebpf,
+    ring: RingBuf<MapData>,
+    filter: BpfHashMap<MapData, ExecFilterKey, u8>,
+    pending: HashMap<u32, ExecRecord>,
+}
+
+impl std::fmt::Debug for ExecCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecCapture")
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+fn bpf_err(what: &str, e: impl std::error::Error) -> Error {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    Error::Bpf(format!("{what}: {s}"))
+}
+
+impl ExecCapture {
+    /// Loads and attaches the programs; only execs of files called one of
+    /// `names` are captured.
+    pub fn load(object: &[u8], names: &[String]) -> Result<ExecCapture, Error> {
+        let mut ebpf = aya::Ebpf::load(object).map_err(|e| bpf_err("loading the BPF object", e))?;
+        for (prog, tp) in [
+            (EXECVE_PROGRAM, "sys_enter_execve"),
+            (EXECVEAT_PROGRAM, "sys_enter_execveat"),
+        ] {
+            let p: &mut TracePoint = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| Error::Bpf(format!("program {prog} missing from the object")))?
+                .try_into()
+                .map_err(|e| bpf_err(prog, e))?;
+            p.load()
+                .map_err(|e| bpf_err(&format!("loading {prog}"), e))?;
+            p.attach("syscalls", tp)
+                .map_err(|e| bpf_err(&format!("attaching {prog} to syscalls/{tp}"), e))?;
+        }
+        let ring = RingBuf::try_from(
+            ebpf.take_map(EXEC_EVENTS_MAP)
+                .ok_or_else(|| Error::Bpf(format!("map {EXEC_EVENTS_MAP} missing")))?,
+        )
+        .map_err(|e| bpf_err(EXEC_EVENTS_MAP, e))?;
+        let filter = BpfHashMap::try_from(
+            ebpf.take_map(EXEC_FILTER_MAP)
+                .ok_or_else(|| Error::Bpf(format!("map {EXEC_FILTER_MAP} missing")))?,
+        )
+        .map_err(|e| bpf_err(EXEC_FILTER_MAP, e))?;
+        let mut capture = ExecCapture {
+            _ebpf: ebpf,
+            ring,
+            filter,
+            pending: HashMap::new(),
+        };
+        for n in names {
+            capture.watch_name(n)?;
+        }
+        Ok(capture)
+    }
+
+    /// Captures execs of files called `name` from now on.
+    pub fn watch_name(&mut self, name: &str) -> Result<(), Error> {
+        self.filter
+            .insert(exec_filter_key(name.as_bytes()), 1, 0)
+            .map_err(|e| bpf_err(&format!("adding {name} to the exec filter"), e))
+    }
+
+    /// Moves every record from the ring buffer into the pending table.
+    pub fn drain(&mut self) {
+        while let Some(item) = self.ring.next() {
+            if let Some(rec) = ExecRecord::from_bytes(&item) {
+                self.pending.insert(rec.tid, rec);
+            }
+        }
+        if self.pending.len() > MAX_PENDING {
+            // Execs whose fanotify event never came (failed PATH lookups,
+            // execs of an unmarked file with a watched name): drop the oldest.
+            let mut times: Vec<u64> = self.pending.values().map(|r| r.ktime_ns).collect();
+            times.sort_unstable();
+            let cut = times[self.pending.len() - MAX_PENDING / 2];
+            self.pending.retain(|_, r| r.ktime_ns >= cut);
+        }
+    }
+
+    /// The latest record of thread `tid`, if any (drains first).
+    pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
+        self.drain();
+        self.pending.remove(&tid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_a_record() {
+        let mut ev = ExecEvent {
+            tgid: 10,
+            tid: 11,
+            ktime_ns: 12,
+            argc: 3,
+            args_len: 0,
+            flags: EXEC_FLAG_TRUNCATED,
+            _pad: 0,
+            filename: [0; lookout_ebpf_common::FILENAME_LEN],
+            args: [0; ARGS_SIZE + lookout_ebpf_common::ARG_LEN],
+        };
+        ev.filename[..9].copy_from_slice(b"/bin/runc");
+        let args = b"runc\0start\0c1\0";
+        ev.args[..args.len()].copy_from_slice(args);
+        ev.args_len = args.len() as u32;
+        // SAFETY: viewing a repr(C) value as bytes for the test.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&raw const ev).cast::<u8>(), ExecEvent::SIZE) };
+        let mut shifted = vec![0u8; 1];
+        shifted.extend_from_slice(bytes);
+        let rec = ExecRecord::from_bytes(&shifted[1..]).expect("full record");
+        assert_eq!(rec.filename, "/bin/runc");
+        assert_eq!(rec.argv, ["runc", "start", "c1"]);
+        assert_eq!((rec.tgid, rec.tid, rec.truncated), (10, 11, true));
+        assert!(ExecRecord::from_bytes(&shifted[1..100]).is_none());
+    }
+}

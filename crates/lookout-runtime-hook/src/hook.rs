@@ -1,0 +1,535 @@
+//! The runtime hook: one fanotify group with `FAN_OPEN_EXEC_PERM` marks on
+//! the runtime binaries, BPF argv capture, and the container state machine.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lookout_fanotify::{
+    AsyncFanotify, Class, Event, Fanotify, MarkFlags, Mask, Permission, Report,
+};
+use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
+use tokio::sync::mpsc;
+
+use crate::argv::{self, Command, Invocation};
+use crate::capture::ExecCapture;
+use crate::oci::{OciConfig, read_config};
+use crate::state::{default_root, read_pid_file, read_state, scan_roots};
+use crate::{Error, pidfd, proc};
+
+/// Receives container events. Called on the hook's task, *before* the
+/// runtime exec that made the event is allowed: keep it quick.
+pub trait Sink {
+    /// One event.
+    fn emit(&mut self, event: ContainerEvent);
+}
+
+impl<F: FnMut(ContainerEvent)> Sink for F {
+    fn emit(&mut self, event: ContainerEvent) {
+        self(event)
+    }
+}
+
+/// How to start the hook.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the host's root is mounted (`/` on the host).
+    pub host_root: PathBuf,
+    /// Runtime binaries to mark, as paths this process opens.
+    pub binaries: Vec<PathBuf>,
+    /// The BPF object for argv capture; `None` runs fanotify-only.
+    pub bpf_object: Option<Vec<u8>>,
+    /// How long a runtime may wait on us for one exec.
+    pub answer_deadline: Duration,
+}
+
+impl Config {
+    /// Defaults: host root `/`, no binaries, no BPF, a 2 s deadline.
+    pub fn new() -> Config {
+        Config {
+            host_root: PathBuf::from("/"),
+            binaries: Vec::new(),
+            bpf_object: None,
+            answer_deadline: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A container seen at `create`/`run`, not yet reported.
+#[derive(Debug)]
+struct Pending {
+    runtime: RuntimeKind,
+    root: PathBuf,
+    bundle: Option<PathBuf>,
+    pid_file: Option<PathBuf>,
+    config: Option<OciConfig>,
+    status: Status,
+    since: Instant,
+}
+
+enum Notice {
+    /// The `create` process of `id` exited, or `run`'s state appeared.
+    Created(String),
+    /// The init process of a tracked container exited.
+    Exited(String, u32),
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Permission events answered.
+    pub answered: u64,
+    /// Runtime execs without a BPF argv record.
+    pub missing_argv: u64,
+    /// Errors (bad argv, config, state) that were logged and skipped.
+    pub errors: u64,
+    /// The slowest answer, in microseconds.
+    pub slowest_answer_us: u64,
+}
+
+/// The runtime hook. Create with [`RuntimeHook::new`], report what already
+/// runs with [`RuntimeHook::scan`], then drive it with [`RuntimeHook::run`].
+pub struct RuntimeHook {
+    config: Config,
+    group: AsyncFanotify,
+    capture: Option<ExecCapture>,
+    pending: HashMap<String, Pending>,
+    tracked: HashMap<String, Container>,
+    notices_tx: mpsc::Sender<Notice>,
+    notices_rx: mpsc::Receiver<Notice>,
+    stats: Stats,
+    marked: HashSet<PathBuf>,
+}
+
+impl std::fmt::Debug for RuntimeHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeHook")
+            .field("marked", &self.marked)
+            .field("tracked", &self.tracked.len())
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+const MAX_PENDING: usize = 4096;
+const PENDING_TTL: Duration = Duration::from_secs(60);
+
+impl RuntimeHook {
+    /// Loads the BPF programs (if given), creates the group and marks the
+    /// binaries. Must run inside a tokio runtime.
+    pub fn new(config: Config) -> Result<RuntimeHook, Error> {
+        let names: Vec<String> = config
+            .binaries
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
+            .collect();
+        // BPF first: once a binary is marked, an exec without a record is
+        // one we can only allow blindly.
+        let capture = match &config.bpf_object {
+            Some(obj) => Some(ExecCapture::load(obj, &names)?),
+            None => None,
+        };
+        let group = Fanotify::builder()
+            .class(Class::Content)
+            .report(Report::TID)
+            .init()
+            .map_err(Error::Fanotify)?;
+        let group = AsyncFanotify::new(group).map_err(Error::Fanotify)?;
+        let (notices_tx, notices_rx) = mpsc::channel(1024);
+        let mut hook = RuntimeHook {
+            config,
+            group,
+            capture,
+            pending: HashMap::new(),
+            tracked: HashMap::new(),
+            notices_tx,
+            notices_rx,
+            stats: Stats::default(),
+            marked: HashSet::new(),
+        };
+        let binaries = hook.config.binaries.clone();
+        for b in &binaries {
+            hook.watch_binary(b)?;
+        }
+        Ok(hook)
+    }
+
+    /// Marks another runtime binary (found by a later rescan).
+    pub fn watch_binary(&mut self, path: &Path) -> Result<(), Error> {
+        if self.marked.contains(path) {
+            return Ok(());
+        }
+        if let (Some(c), Some(name)) = (
+            self.capture.as_mut(),
+            path.file_name().and_then(|n| n.to_str()),
+        ) {
+            c.watch_name(name)?;
+        }
+        self.group
+            .get_ref()
+            .add_mark(path, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
+            .map_err(Error::Fanotify)?;
+        tracing::info!(binary = %path.display(), "watching runtime binary");
+        self.marked.insert(path.to_path_buf());
+        Ok(())
+    }
+
+    /// Whether argv is captured by BPF.
+    pub fn has_bpf(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Containers currently tracked.
+    pub fn tracked(&self) -> impl Iterator<Item = &Container> {
+        self.tracked.values()
+    }
+
+    fn host(&self, p: &Path) -> PathBuf {
+        self.config.host_root.join(p.strip_prefix("/").unwrap_or(p))
+    }
+
+    /// Reports the containers that already run, from the runtimes' state
+    /// directories (source `state-scan`). A pid whose start time does not
+    /// match the state file (pid reuse) is skipped.
+    pub fn scan(&mut self, sink: &mut dyn Sink) {
+        for (runtime, root) in scan_roots(&self.config.host_root) {
+            let Ok(entries) = std::fs::read_dir(self.host(&root)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Some(id) = e.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if !argv::valid_container_id(&id) || self.tracked.contains_key(&id) {
+                    continue;
+                }
+                let state = match read_state(&runtime, &self.host(&root), &id) {
+                    Ok(s) => s,
+                    Err(err) => {
+                        tracing::debug!(%err, "skipping state entry");
+                        continue;
+                    }
+                };
+                let alive = proc::start_time(state.pid);
+                if alive.is_none() || (state.start_time.is_some() && alive != state.start_time) {
+                    tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
+                    continue;
+                }
+                let config = state.bundle.as_ref().and_then(|b| {
+                    read_config(&self.host(b), None)
+                        .map_err(|e| tracing::warn!(%e))
+                        .ok()
+                });
+                let mut c = Container::new(id.clone(), runtime.clone());
+                c.bundle = state.bundle.clone();
+                c.runtime_root = Some(root.clone());
+                fill(&mut c, state.pid, config.as_ref(), Status::Running);
+                self.track(c.clone(), state.pid);
+                sink.emit(ContainerEvent::added(Source::StateScan, c));
+            }
+        }
+    }
+
+    /// Handles events until `shutdown` completes. Every permission event is
+    /// answered; on return the group is closed, which removes the marks.
+    pub async fn run(
+        mut self,
+        sink: &mut dyn Sink,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Stats {
+        tokio::pin!(shutdown);
+        let mut events: Vec<Event> = Vec::new();
+        let mut sweep = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                r = self.group.read_events(&mut events) => {
+                    if let Err(e) = r {
+                        tracing::error!(%e, "reading fanotify events");
+                        self.stats.errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    for ev in events.drain(..) {
+                        self.handle(ev, sink);
+                    }
+                }
+                Some(n) = self.notices_rx.recv() => self.notice(n, sink),
+                _ = sweep.tick() => self.sweep(),
+            }
+        }
+        // Answer whatever is queued before the group closes.
+        let _ = self.group.get_ref().drain();
+        self.stats
+    }
+
+    fn handle(&mut self, mut ev: Event, sink: &mut dyn Sink) {
+        if ev.is_overflow() {
+            tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
+            self.stats.errors += 1;
+            return;
+        }
+        let Some(perm) = ev.take_permission() else {
+            return;
+        };
+        let start = Instant::now();
+        let tid = ev.pid().max(0) as u32;
+        let binary = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
+        ))
+        .ok()
+        .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
+        .unwrap_or_default();
+        let argv = match self.capture.as_mut() {
+            Some(c) => c.take(tid).map(|r| r.argv),
+            None => None,
+        };
+        match argv {
+            Some(argv) => self.on_exec(tid, &binary, &argv, perm, sink),
+            None => {
+                self.stats.missing_argv += 1;
+                // Without argv (no BPF, or an exec path the programs do not
+                // see) let the exec go and learn about it from its state.
+                answer(perm);
+                if self.capture.is_none() {
+                    self.spawn_late_argv(tid, binary);
+                }
+            }
+        }
+        let us = start.elapsed().as_micros() as u64;
+        self.stats.answered += 1;
+        self.stats.slowest_answer_us = self.stats.slowest_answer_us.max(us);
+        if start.elapsed() > self.config.answer_deadline {
+            tracing::warn!(
+                us,
+                "a runtime exec waited on lookout longer than the deadline"
+            );
+        }
+    }
+
+    fn on_exec(
+        &mut self,
+        tid: u32,
+        binary: &str,
+        argv: &[String],
+        perm: Permission,
+        sink: &mut dyn Sink,
+    ) {
+        let inv = match argv::parse(argv, binary) {
+            Ok(inv) => inv,
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
+                return answer(perm);
+            }
+        };
+        match &inv.command {
+            Command::Create(_) | Command::Run(_) => {
+                self.on_create(tid, &inv);
+                answer(perm);
+                let id = match &inv.command {
+                    Command::Create(a) | Command::Run(a) => a.id.clone(),
+                    _ => return,
+                };
+                if matches!(inv.command, Command::Create(_)) {
+                    self.spawn_exit_wait(tid, Notice::Created(id));
+                } else {
+                    self.spawn_state_wait(&inv, id);
+                }
+            }
+            Command::Start { id } => {
+                // The container is still `created`: report it before its
+                // process may run.
+                let id = id.clone();
+                if self.pending.contains_key(&id) {
+                    self.finalize(&id, sink);
+                }
+                answer(perm);
+            }
+            Command::Delete { .. } | Command::ReExec | Command::Other(_) => answer(perm),
+        }
+    }
+
+    fn on_create(&mut self, tid: u32, inv: &Invocation) {
+        let (args, status) = match &inv.command {
+            Command::Create(a) => (a, Status::Created),
+            Command::Run(a) => (a, Status::Running),
+            _ => return,
+        };
+        let cwd = proc::cwd(tid);
+        let bundle = inv.bundle(cwd.as_deref());
+        let config = bundle.as_ref().and_then(|b| {
+            read_config(&self.host(b), args.config.as_deref())
+                .map_err(|e| {
+                    self.stats.errors += 1;
+                    tracing::warn!(id = args.id, %e, "cannot read the container's config");
+                })
+                .ok()
+        });
+        let root = inv
+            .root
+            .clone()
+            .unwrap_or_else(|| default_root(&inv.runtime));
+        let pid_file = args
+            .pid_file
+            .as_ref()
+            .map(|p| match (&cwd, p.is_absolute()) {
+                (Some(cwd), false) => cwd.join(p),
+                _ => p.clone(),
+            });
+        if self.pending.len() >= MAX_PENDING {
+            self.sweep();
+        }
+        self.pending.insert(
+            args.id.clone(),
+            Pending {
+                runtime: inv.runtime.clone(),
+                root,
+                bundle,
+                pid_file,
+                config,
+                status,
+                since: Instant::now(),
+            },
+        );
+    }
+
+    fn spawn_exit_wait(&self, pid: u32, notice: Notice) {
+        let tx = self.notices_tx.clone();
+        match pidfd::pidfd_open(pid) {
+            Ok(fd) => {
+                tokio::spawn(async move {
+                    let _ = pidfd::wait_exit(fd).await;
+                    let _ = tx.send(notice).await;
+                });
+            }
+            // Already gone: it finished before we looked.
+            Err(_) => {
+                let _ = tx.try_send(notice);
+            }
+        }
+    }
+
+    fn spawn_state_wait(&self, inv: &Invocation, id: String) {
+        // `run` creates and starts in one process: wait for the state file.
+        let root = self.host(
+            &inv.root
+                .clone()
+                .unwrap_or_else(|| default_root(&inv.runtime)),
+        );
+        let path = crate::state::state_file(&inv.runtime, &root, &id);
+        let tx = self.notices_tx.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut delay = Duration::from_micros(500);
+            while Instant::now() < deadline {
+                if path.exists() {
+                    let _ = tx.send(Notice::Created(id)).await;
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(20));
+            }
+        });
+    }
+
+    fn spawn_late_argv(&self, tid: u32, binary: String) {
+        // fanotify-only mode: after the exec is allowed, /proc/<tid>/cmdline
+        // turns into the runtime's argv. Best effort: short-lived commands
+        // may be gone before we read them.
+        let _ = (tid, binary);
+    }
+
+    fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
+        match n {
+            Notice::Created(id) => {
+                if self.pending.contains_key(&id) {
+                    self.finalize(&id, sink);
+                }
+            }
+            Notice::Exited(id, pid) => {
+                if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
+                    && let Some(c) = self.tracked.remove(&id)
+                {
+                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, None));
+                }
+            }
+        }
+    }
+
+    fn finalize(&mut self, id: &str, sink: &mut dyn Sink) {
+        let Some(p) = self.pending.remove(id) else {
+            return;
+        };
+        let pid = match read_state(&p.runtime, &self.host(&p.root), id) {
+            Ok(s) => Some(s.pid),
+            Err(e) => match p.pid_file.as_ref().map(|f| read_pid_file(&self.host(f))) {
+                Some(Ok(pid)) => Some(pid),
+                Some(Err(pe)) => {
+                    tracing::debug!(id, %e, %pe, "no state and no pid file: the create failed");
+                    None
+                }
+                None => {
+                    tracing::debug!(id, %e, "no state: the create failed");
+                    None
+                }
+            },
+        };
+        let Some(pid) = pid else { return };
+        let mut c = Container::new(id, p.runtime.clone());
+        c.bundle = p.bundle.clone();
+        c.runtime_root = Some(p.root.clone());
+        fill(&mut c, pid, p.config.as_ref(), p.status);
+        self.track(c.clone(), pid);
+        sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
+    }
+
+    fn track(&mut self, c: Container, pid: u32) {
+        self.spawn_exit_wait(pid, Notice::Exited(c.id.clone(), pid));
+        self.tracked.insert(c.id.clone(), c);
+    }
+
+    fn sweep(&mut self) {
+        let before = self.pending.len();
+        self.pending.retain(|_, p| p.since.elapsed() < PENDING_TTL);
+        if self.pending.len() < before {
+            tracing::debug!(
+                dropped = before - self.pending.len(),
+                "dropped stale pending creates"
+            );
+        }
+    }
+}
+
+fn answer(perm: Permission) {
+    if let Err(e) = perm.allow() {
+        tracing::warn!(%e, "answering a permission event");
+    }
+}
+
+fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
+    c.pid = Some(pid);
+    c.status = status;
+    c.namespaces = proc::namespaces(pid);
+    c.cgroup = proc::cgroup(pid);
+    if let Some(cfg) = config {
+        c.annotations = cfg.annotations.clone();
+        c.hostname = cfg.hostname.clone();
+        c.args = cfg
+            .process
+            .as_ref()
+            .map(|p| p.args.clone())
+            .unwrap_or_default();
+    }
+}

@@ -1,0 +1,78 @@
+//! Container lifecycle detection from OCI runtime execs.
+//!
+//! # Overview
+//!
+//! [`RuntimeHook`] puts a `FAN_OPEN_EXEC_PERM` mark on every runtime binary
+//! (runc, crun, ...) in one fanotify group. Each exec of a runtime blocks in
+//! the kernel until lookout answers; meanwhile lookout pairs the event (by
+//! thread id, `FAN_REPORT_TID`) with the argv that the BPF programs in
+//! `lookout-ebpf` captured at `sys_enter_execve[at]`, and parses it
+//! ([`argv::parse`]):
+//!
+//! - `create`/`run`: read the bundle's `config.json` (bounded, no symlinks
+//!   out of the bundle), remember the container, allow the exec. When the
+//!   `create` process exits (pidfd) — or, for `run`, when the state file
+//!   appears — read the runtime's state for the pid and report `Added`.
+//! - `start <id>`: report `Added` first if it is still pending, *then* allow
+//!   the exec. A created container cannot run its first instruction before
+//!   it is reported.
+//! - The container's init process is watched with a pidfd; its exit is
+//!   reported as `Removed` at once (no polling).
+//!
+//! [`RuntimeHook::scan`] reports containers that already run, from the
+//! runtimes' state directories, checking pid start times against reuse.
+//!
+//! Every permission event is answered (the guard allows on drop, also on
+//! panic), and closing the group lets the kernel allow anything pending.
+#![deny(missing_docs)]
+
+pub mod argv;
+mod capture;
+mod hook;
+pub mod oci;
+mod pidfd;
+pub mod proc;
+pub mod state;
+
+pub use capture::{ExecCapture, ExecRecord};
+pub use hook::{Config, RuntimeHook, Sink, Stats};
+
+use std::path::PathBuf;
+
+/// Errors of the runtime hook. Setup errors (`Fanotify`, `Bpf`) mean the
+/// mode cannot run; per-container errors (`Config`, `State`, `PidFile`) are
+/// logged and skipped by the hook.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// fanotify setup failed.
+    #[error(transparent)]
+    Fanotify(lookout_fanotify::Error),
+    /// BPF setup failed.
+    #[error("BPF argv capture: {0}")]
+    Bpf(String),
+    /// A config.json could not be used.
+    #[error("config {}: {reason}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A runtime state file could not be used.
+    #[error("state {}: {reason}", path.display())]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A pid file could not be used.
+    #[error("pid file {}: {reason}", path.display())]
+    PidFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}

@@ -1,0 +1,110 @@
+//! Reading a bundle's `config.json`: bounded in size, and refusing symlinks
+//! that lead out of the bundle.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::Error;
+
+/// Largest config.json read (runc's own limit is far smaller in practice).
+pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The parts of an OCI runtime spec lookout reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct OciConfig {
+    /// `annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// `hostname`.
+    pub hostname: Option<String>,
+    /// `process`.
+    pub process: Option<OciProcess>,
+}
+
+/// `process` of the spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct OciProcess {
+    /// `process.args`.
+    pub args: Vec<String>,
+}
+
+/// Reads `<bundle>/config.json` (or `config`, crun's `--config`), which must
+/// stay inside the bundle after resolving symlinks, and be at most
+/// [`MAX_CONFIG_BYTES`].
+pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Error> {
+    let path: PathBuf = match config {
+        Some(c) if c.is_absolute() => c.to_path_buf(),
+        Some(c) => bundle.join(c),
+        None => bundle.join("config.json"),
+    };
+    let err = |reason: String| Error::Config {
+        path: path.clone(),
+        reason,
+    };
+    let real_bundle = bundle
+        .canonicalize()
+        .map_err(|e| err(format!("bundle {}: {e}", bundle.display())))?;
+    let real = path.canonicalize().map_err(|e| err(e.to_string()))?;
+    if config.is_none() && !real.starts_with(&real_bundle) {
+        return Err(err(format!(
+            "resolves to {} outside the bundle {}",
+            real.display(),
+            real_bundle.display()
+        )));
+    }
+    let file = std::fs::File::open(&real).map_err(|e| err(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(e.to_string()))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_annotations_args_and_hostname() {
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            d.path().join("config.json"),
+            r#"{"ociVersion":"1.0.2","hostname":"h","process":{"args":["sh","-c","x"]},
+               "annotations":{"io.kubernetes.cri.container-name":"web"},"unknown":{"kept":"ignored"}}"#,
+        )
+        .expect("write");
+        let c = read_config(d.path(), None).expect("valid");
+        assert_eq!(c.hostname.as_deref(), Some("h"));
+        assert_eq!(c.process.expect("process").args, ["sh", "-c", "x"]);
+        assert_eq!(c.annotations["io.kubernetes.cri.container-name"], "web");
+    }
+
+    #[test]
+    fn malformed_and_escaping_configs_are_errors() {
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::write(d.path().join("config.json"), b"{not json").expect("write");
+        let e = read_config(d.path(), None).expect_err("invalid");
+        assert!(e.to_string().contains("invalid JSON"), "{e}");
+
+        let outside = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(outside.path(), b"{}").expect("write");
+        let b = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink(outside.path(), b.path().join("config.json")).expect("symlink");
+        let e = read_config(b.path(), None).expect_err("escapes");
+        assert!(e.to_string().contains("outside the bundle"), "{e}");
+
+        let missing = tempfile::tempdir().expect("tempdir");
+        assert!(read_config(missing.path(), None).is_err());
+    }
+}

@@ -1,0 +1,33 @@
+//! Waiting for a process that is not our child to exit: `pidfd_open(2)`
+//! (Linux 5.3) becomes readable when the process exits.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+/// `pidfd_open(pid, 0)`.
+pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns an fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Waits until the process behind `pidfd` exits.
+///
+/// # Cancel safety
+/// Cancel safe; dropping the future closes nothing but the registration.
+pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
+    // SAFETY: `OwnedFd` owns the fd and returns it unchanged from
+    // `as_raw_fd` for as long as the AsyncFd holds it.
+    let afd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+        .map_err(std::io::Error::from)?;
+    let guard = afd.readable().await?;
+    drop(guard);
+    debug_assert!(afd.get_ref().as_raw_fd() >= 0);
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! What `/proc/<pid>` tells about a process: namespaces, cgroup, start
+//! time, working directory. All reads are of small kernel-made files; any
+//! failure is `None` (the process may be gone).
+
+use std::path::PathBuf;
+
+use lookout_model::Namespaces;
+
+fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
+    let target = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?;
+    let s = target.to_str()?;
+    s.split('[').nth(1)?.trim_end_matches(']').parse().ok()
+}
+
+/// The mnt, net and pid namespace inodes of `pid`.
+pub fn namespaces(pid: u32) -> Namespaces {
+    Namespaces {
+        mnt: ns_inode(pid, "mnt"),
+        net: ns_inode(pid, "net"),
+        pid: ns_inode(pid, "pid"),
+    }
+}
+
+/// The cgroup of `pid`: the cgroup2 (`0::`) path if there is one, else the
+/// first v1 line's path.
+pub fn cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    parse_cgroup(&text)
+}
+
+pub(crate) fn parse_cgroup(text: &str) -> Option<String> {
+    let mut first = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(_ctrl), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if id == "0" && path != "/" {
+            return Some(path.to_owned());
+        }
+        if first.is_none() && path != "/" {
+            first = Some(path.to_owned());
+        }
+    }
+    first
+}
+
+/// Field 22 of `/proc/<pid>/stat`: start time in clock ticks since boot.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+pub(crate) fn parse_start_time(stat: &str) -> Option<u64> {
+    // comm may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ")" come fields 3.. ; starttime is field 22 -> index 19 here.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The working directory of `pid`.
+pub fn cwd(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).ok()
+}
+
+/// argv of `pid` from `/proc/<pid>/cmdline`.
+pub fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_prefers_unified() {
+        let v1 = "12:memory:/runc/c1\n11:cpu:/runc/c1\n0::/runc/c1u\n";
+        assert_eq!(parse_cgroup(v1).as_deref(), Some("/runc/c1u"));
+        assert_eq!(parse_cgroup("3:cpu:/a\n0::/\n").as_deref(), Some("/a"));
+        assert_eq!(parse_cgroup("garbage").as_deref(), None);
+    }
+
+    #[test]
+    fn start_time_survives_odd_comm() {
+        let stat = "123 (we ird) name)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 99";
+        assert_eq!(parse_start_time(stat), Some(4242));
+        assert_eq!(parse_start_time("123 (x) S 1"), None);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id();
+        assert!(start_time(me).is_some());
+        assert!(namespaces(me).mnt.is_some());
+        assert_eq!(cwd(me), std::env::current_dir().ok());
+    }
+}
