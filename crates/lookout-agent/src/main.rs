@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod run;
+
 /// The BPF object built by `cargo xtask build-ebpf` (empty when the agent
 /// was built without it).
 static EBPF_OBJECT: &[u8] =
@@ -31,6 +33,9 @@ enum Command {
     ///
     /// Exits 0 whenever the probe ran, whatever it found.
     Probe(ProbeArgs),
+    /// Discover containers and print one event per line (JSON by default
+    /// when stdout is not a terminal). Stops on SIGTERM/SIGINT.
+    Run(run::RunArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -58,6 +63,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Probe(args) => probe(args),
+        Command::Run(args) => run::run(args, ebpf_object()),
     }
 }
 

@@ -81,6 +81,13 @@ mod tests {
         );
         assert!(ProbeEvent::from_bytes(&buf[..8]).is_none());
     }
+
+    #[test]
+    fn filter_keys_keep_the_tail() {
+        assert_eq!(&exec_filter_key(b"runc")[..5], b"runc\0");
+        let long = exec_filter_key(b"containerd-shim-runc-v2");
+        assert_eq!(&long, b"erd-shim-runc-v2");
+    }
 }
 
 /// Name of the `sys_enter_execve` argv-capture program.
@@ -107,20 +114,23 @@ pub const MAX_ARGS: usize = 48;
 pub const ARGS_SIZE: usize = 4096;
 
 /// `ExecEvent::flags`: argv had more than [`MAX_ARGS`] arguments or more
-/// than [`ARGS_SIZE`] bytes, or an argument was longer than [`ARG_LEN`].
+/// than [`ARGS_SIZE`] bytes. (An argument longer than [`ARG_LEN`] is cut
+/// without a flag; it shows as a 255-byte argument.)
 pub const EXEC_FLAG_TRUNCATED: u32 = 1;
 /// `ExecEvent::flags`: the record comes from `execveat(2)`.
 pub const EXEC_FLAG_EXECVEAT: u32 = 2;
 
-/// The key of [`EXEC_FILTER_MAP`]: a binary's file name, NUL-padded (and
-/// cut) to 16 bytes.
+/// The key of [`EXEC_FILTER_MAP`]: the last (up to) 16 bytes of a binary's
+/// file name, NUL-padded.
 pub type ExecFilterKey = [u8; 16];
 
-/// Builds the filter key of a binary file name.
+/// Builds the filter key of a binary file name (no directory part): its
+/// last 16 bytes, NUL-padded. The BPF side computes the same from the path
+/// passed to exec.
 pub fn exec_filter_key(name: &[u8]) -> ExecFilterKey {
     let mut key = [0u8; 16];
-    let n = name.len().min(16);
-    key[..n].copy_from_slice(&name[..n]);
+    let tail = &name[name.len().saturating_sub(16)..];
+    key[..tail.len()].copy_from_slice(tail);
     key
 }
 

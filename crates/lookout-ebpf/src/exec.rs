@@ -48,18 +48,23 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         }
     };
 
-    // The basename: after the last '/'.
-    let mut start = 0usize;
-    let mut i = 0usize;
-    while i < FILENAME_LEN {
-        if i >= name_len {
+    // The filter key is the last (up to) 16 bytes of the basename. Scan
+    // backwards at most 17 bytes for the last '/', and stop at the first
+    // one: a loop whose only branch exits keeps the verifier's work linear
+    // (a forward scan that remembers every '/' explodes its state space).
+    let mut start = if name_len > 16 { name_len - 16 } else { 0 };
+    let mut back = 0usize;
+    while back < 17 {
+        if back >= name_len {
             break;
         }
-        // SAFETY: i < FILENAME_LEN.
-        if unsafe { (*ev).filename[i] } == b'/' {
-            start = i + 1;
+        let idx = (name_len - 1 - back) & (FILENAME_LEN - 1);
+        // SAFETY: idx < FILENAME_LEN by the mask.
+        if unsafe { (*ev).filename[idx] } == b'/' {
+            start = idx + 1;
+            break;
         }
-        i += 1;
+        back += 1;
     }
     let mut key: ExecFilterKey = [0; 16];
     let mut k = 0usize;
@@ -99,9 +104,8 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         // SAFETY: a user-space string read through a checked helper.
         match unsafe { bpf_probe_read_user_str_bytes(p as *const u8, dst) } {
             Ok(s) => {
-                if s.len() + 1 >= ARG_LEN {
-                    fl |= EXEC_FLAG_TRUNCATED;
-                }
+                // N.B. no per-argument branch here: a branch that does not
+                // leave the loop doubles the verifier's states per argument.
                 off += s.len() + 1;
                 argc += 1;
             }

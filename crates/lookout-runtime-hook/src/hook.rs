@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::oci::{OciConfig, read_config};
-use crate::state::{default_root, read_pid_file, read_state, scan_roots};
+use crate::state::{default_root, read_pid_file, read_state};
 use crate::{Error, pidfd, proc};
 
 /// Receives container events. Called on the hook's task, *before* the
@@ -203,41 +203,12 @@ impl RuntimeHook {
     /// directories (source `state-scan`). A pid whose start time does not
     /// match the state file (pid reuse) is skipped.
     pub fn scan(&mut self, sink: &mut dyn Sink) {
-        for (runtime, root) in scan_roots(&self.config.host_root) {
-            let Ok(entries) = std::fs::read_dir(self.host(&root)) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let Some(id) = e.file_name().to_str().map(str::to_owned) else {
-                    continue;
-                };
-                if !argv::valid_container_id(&id) || self.tracked.contains_key(&id) {
-                    continue;
-                }
-                let state = match read_state(&runtime, &self.host(&root), &id) {
-                    Ok(s) => s,
-                    Err(err) => {
-                        tracing::debug!(%err, "skipping state entry");
-                        continue;
-                    }
-                };
-                let alive = proc::start_time(state.pid);
-                if alive.is_none() || (state.start_time.is_some() && alive != state.start_time) {
-                    tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
-                    continue;
-                }
-                let config = state.bundle.as_ref().and_then(|b| {
-                    read_config(&self.host(b), None)
-                        .map_err(|e| tracing::warn!(%e))
-                        .ok()
-                });
-                let mut c = Container::new(id.clone(), runtime.clone());
-                c.bundle = state.bundle.clone();
-                c.runtime_root = Some(root.clone());
-                fill(&mut c, state.pid, config.as_ref(), Status::Running);
-                self.track(c.clone(), state.pid);
-                sink.emit(ContainerEvent::added(Source::StateScan, c));
-            }
+        let tracked = &self.tracked;
+        let found = crate::scan::scan_state(&self.config.host_root, &|id| tracked.contains_key(id));
+        for c in found {
+            let Some(pid) = c.pid else { continue };
+            self.track(c.clone(), pid);
+            sink.emit(ContainerEvent::added(Source::StateScan, c));
         }
     }
 
@@ -297,6 +268,7 @@ impl RuntimeHook {
         };
         match argv {
             Some(argv) => self.on_exec(tid, &binary, &argv, perm, sink),
+            None if self.is_reexec(tid) => answer(perm),
             None => {
                 self.stats.missing_argv += 1;
                 // Without argv (no BPF, or an exec path the programs do not
@@ -518,7 +490,7 @@ fn answer(perm: Permission) {
     }
 }
 
-fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
+pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
     c.pid = Some(pid);
     c.status = status;
     c.namespaces = proc::namespaces(pid);

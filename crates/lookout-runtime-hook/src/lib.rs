@@ -32,10 +32,12 @@ mod hook;
 pub mod oci;
 mod pidfd;
 pub mod proc;
+mod scan;
 pub mod state;
 
 pub use capture::{ExecCapture, ExecRecord};
 pub use hook::{Config, RuntimeHook, Sink, Stats};
+pub use scan::{Scanner, scan_state};
 
 use std::path::PathBuf;
 

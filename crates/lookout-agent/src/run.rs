@@ -1,0 +1,253 @@
+//! `lookout run`: discovery, one event per line on stdout.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use lookout_model::{ContainerEvent, EventKind};
+use lookout_probe::{Mode, ProbeOptions, ProbeReport};
+use lookout_runtime_hook::{Config, RuntimeHook, Scanner, Sink};
+
+/// The output format of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// One JSON object per line.
+    Json,
+    /// One readable line per event.
+    Text,
+}
+
+/// A requested mode: `auto` or one of the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// The best mode this node supports.
+    Auto,
+    /// fanotify exec-permission marks + BPF argv capture.
+    FanotifyEbpf,
+    /// fanotify alone.
+    Fanotify,
+    /// Scan runtime state directories.
+    Scan,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Discovery mode.
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ModeArg,
+    /// Event format (default: json when stdout is not a terminal).
+    #[arg(long, value_enum)]
+    output: Option<Output>,
+    /// Where the host's root file system is mounted.
+    #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+    /// An extra runtime binary to watch (a host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH")]
+    runtime_paths: Vec<PathBuf>,
+    /// Rescan interval of the scan mode.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    scan_interval: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 500ms, 2s)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("invalid duration unit in {s:?} (use ms or s)")),
+    }
+}
+
+/// Writes each event to stdout and flushes, so that a reader has it before
+/// the runtime exec that caused it is allowed.
+struct StdoutSink {
+    output: Output,
+    out: std::io::Stdout,
+}
+
+impl Sink for StdoutSink {
+    fn emit(&mut self, event: ContainerEvent) {
+        let line = match self.output {
+            Output::Json => {
+                serde_json::to_string(&event).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            }
+            Output::Text => text_line(&event),
+        };
+        let mut lock = self.out.lock();
+        if writeln!(lock, "{line}")
+            .and_then(|()| lock.flush())
+            .is_err()
+        {
+            // N.B. a closed stdout must not stop discovery (or block runtimes).
+            tracing::debug!("stdout closed; event dropped");
+        }
+    }
+}
+
+fn text_line(e: &ContainerEvent) -> String {
+    let c = &e.container;
+    let kind = match e.event {
+        EventKind::Added => "ADDED",
+        EventKind::Removed => "REMOVED",
+    };
+    let mut s = format!(
+        "{kind:<8} {:<6} {:<24} pid={:<8} source={}",
+        c.runtime.as_str(),
+        c.id,
+        c.pid.map_or("-".to_owned(), |p| p.to_string()),
+        e.source
+    );
+    if let Some(b) = &c.bundle {
+        s.push_str(&format!(" bundle={}", b.display()));
+    }
+    if let Some(code) = e.exit_code {
+        s.push_str(&format!(" exit={code}"));
+    }
+    s
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, run until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(run_async(args, bpf_object))
+}
+
+async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+    let output = args.output.unwrap_or(if std::io::stdout().is_terminal() {
+        Output::Text
+    } else {
+        Output::Json
+    });
+    let mut sink = StdoutSink {
+        output,
+        out: std::io::stdout(),
+    };
+    let report = lookout_probe::probe(
+        &ProbeOptions::new()
+            .host_root(&args.host_root)
+            .runtime_paths(args.runtime_paths.clone())
+            .bpf_object(bpf_object),
+    );
+    let wanted = match args.mode {
+        ModeArg::Auto => None,
+        ModeArg::FanotifyEbpf => Some(Mode::FanotifyEbpf),
+        ModeArg::Fanotify => Some(Mode::Fanotify),
+        ModeArg::Scan => Some(Mode::Scan),
+    };
+    let (mode, refused) = choose(&report, wanted)?;
+
+    // Initialize the chosen hook mode once; if that fails (a race with
+    // the probe, a kernel surprise), step down instead of exiting.
+    let mut refused = refused;
+    let mut hook = None;
+    for m in Mode::LADDER.into_iter().filter(|m| *m >= mode) {
+        match m {
+            Mode::FanotifyEbpf | Mode::Fanotify => {
+                if wanted.is_none() && report.requirements(m).is_err() {
+                    continue;
+                }
+                let config = Config {
+                    host_root: args.host_root.clone(),
+                    binaries: report.runtimes.iter().map(|r| r.resolved.clone()).collect(),
+                    bpf_object: (m == Mode::FanotifyEbpf)
+                        .then(|| bpf_object.map(<[u8]>::to_vec))
+                        .flatten(),
+                    ..Config::new()
+                };
+                match RuntimeHook::new(config) {
+                    Ok(h) => {
+                        hook = Some((m, h));
+                        break;
+                    }
+                    Err(e) if wanted.is_some() => bail!("--mode {m} cannot start: {e}"),
+                    Err(e) => refused.push(format!("{m}: starting it failed: {e}")),
+                }
+            }
+            Mode::PodInformer => {
+                // The Pod informer backend is not part of this build yet.
+                refused.push("podinformer: not available in this build".to_owned());
+            }
+            Mode::Scan => break,
+        }
+    }
+    let chosen = hook.as_ref().map_or(Mode::Scan, |(m, _)| *m);
+    if refused.is_empty() {
+        tracing::info!("discovery mode {chosen}");
+    } else {
+        tracing::info!("discovery mode {chosen} (refused: {})", refused.join(" | "));
+    }
+
+    match hook {
+        Some((_, mut hook)) => {
+            hook.scan(&mut sink);
+            tracing::info!(
+                tracked = hook.tracked().count(),
+                bpf = hook.has_bpf(),
+                "ready"
+            );
+            let stats = hook.run(&mut sink, shutdown_signal()).await;
+            tracing::info!(?stats, "runtime hook stopped; marks removed");
+        }
+        None => {
+            tracing::info!("ready");
+            Scanner::new(args.host_root.clone(), args.scan_interval)
+                .run(&mut sink, shutdown_signal())
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// The mode to start with, and the refusals to log. An explicit mode that
+/// cannot run is an error naming every reason.
+fn choose(report: &ProbeReport, wanted: Option<Mode>) -> anyhow::Result<(Mode, Vec<String>)> {
+    let refused: Vec<String> = report
+        .refused
+        .iter()
+        .map(|r| format!("{}: {}", r.mode, r.reason))
+        .collect();
+    match wanted {
+        None => Ok((report.mode, refused)),
+        Some(m) => match report.requirements(m) {
+            Ok(()) => Ok((m, Vec::new())),
+            Err(why) => bail!("--mode {m} cannot run on this node: {why}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

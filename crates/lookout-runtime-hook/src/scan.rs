@@ -1,0 +1,123 @@
+//! Finding containers from the runtimes' state directories, and the `scan`
+//! discovery mode built on it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lookout_model::{Container, ContainerEvent, Source, Status};
+use tokio::sync::mpsc;
+
+use crate::hook::{Sink, fill};
+use crate::oci::read_config;
+use crate::state::{read_state, scan_roots};
+use crate::{argv, pidfd, proc};
+
+fn host(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+/// Containers whose state files name a live process (start time checked
+/// against pid reuse), skipping ids for which `known` is true.
+pub fn scan_state(host_root: &Path, known: &dyn Fn(&str) -> bool) -> Vec<Container> {
+    let mut found = Vec::new();
+    for (runtime, root) in scan_roots(host_root) {
+        let Ok(entries) = std::fs::read_dir(host(host_root, &root)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Some(id) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if !argv::valid_container_id(&id) || known(&id) {
+                continue;
+            }
+            let state = match read_state(&runtime, &host(host_root, &root), &id) {
+                Ok(s) => s,
+                Err(err) => {
+                    tracing::debug!(%err, "skipping state entry");
+                    continue;
+                }
+            };
+            let alive = proc::start_time(state.pid);
+            if alive.is_none() || (state.start_time.is_some() && alive != state.start_time) {
+                tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
+                continue;
+            }
+            let config = state.bundle.as_ref().and_then(|b| {
+                read_config(&host(host_root, b), None)
+                    .map_err(|e| tracing::warn!(id, %e, "cannot read the container's config"))
+                    .ok()
+            });
+            let mut c = Container::new(id.clone(), runtime.clone());
+            c.bundle = state.bundle.clone();
+            c.runtime_root = Some(root.clone());
+            fill(&mut c, state.pid, config.as_ref(), Status::Running);
+            found.push(c);
+        }
+    }
+    found
+}
+
+/// The `scan` mode: rescans the state directories every `interval` for new
+/// containers; exits are reported at once through pidfds.
+#[derive(Debug)]
+pub struct Scanner {
+    host_root: PathBuf,
+    interval: Duration,
+    tracked: HashMap<String, u32>,
+}
+
+impl Scanner {
+    /// A scanner of the state directories under `host_root`.
+    pub fn new(host_root: PathBuf, interval: Duration) -> Scanner {
+        Scanner {
+            host_root,
+            interval,
+            tracked: HashMap::new(),
+        }
+    }
+
+    /// Runs until `shutdown` completes.
+    pub async fn run(
+        mut self,
+        sink: &mut dyn Sink,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let (tx, mut rx) = mpsc::channel::<(Container, u32)>(1024);
+        let mut tick = tokio::time::interval(self.interval);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = tick.tick() => {
+                    let tracked = &self.tracked;
+                    for c in scan_state(&self.host_root, &|id| tracked.contains_key(id)) {
+                        let Some(pid) = c.pid else { continue };
+                        self.tracked.insert(c.id.clone(), pid);
+                        let tx = tx.clone();
+                        let gone = c.clone();
+                        match pidfd::pidfd_open(pid) {
+                            Ok(fd) => {
+                                tokio::spawn(async move {
+                                    let _ = pidfd::wait_exit(fd).await;
+                                    let _ = tx.send((gone, pid)).await;
+                                });
+                            }
+                            Err(_) => {
+                                let _ = tx.try_send((gone, pid));
+                            }
+                        }
+                        sink.emit(ContainerEvent::added(Source::StateScan, c));
+                    }
+                }
+                Some((c, pid)) = rx.recv() => {
+                    if self.tracked.get(&c.id) == Some(&pid) {
+                        self.tracked.remove(&c.id);
+                        sink.emit(ContainerEvent::removed(Source::StateScan, c, None));
+                    }
+                }
+            }
+        }
+    }
+}
