@@ -333,6 +333,16 @@ impl RuntimeHook {
         }
     }
 
+    /// Whether thread `tid` is a runtime re-executing itself (`runc init`
+    /// through `/proc/self/exe`): its current image is a marked binary.
+    fn is_reexec(&self, tid: u32) -> bool {
+        std::fs::read_link(format!("/proc/{tid}/exe")).is_ok_and(|exe| {
+            let exe = exe.to_string_lossy();
+            let exe = exe.trim_end_matches(" (deleted)");
+            self.marked.iter().any(|m| m.as_os_str() == exe)
+        })
+    }
+
     fn on_create(&mut self, tid: u32, inv: &Invocation) {
         let (args, status) = match &inv.command {
             Command::Create(a) => (a, Status::Created),
