@@ -74,8 +74,10 @@ struct Pending {
 }
 
 enum Notice {
-    /// The `create` process of `id` exited, or `run`'s state appeared.
+    /// The `create` process of `id` exited.
     Created(String),
+    /// A `run` watcher read the state of a container.
+    Observed(crate::run_watch::Observed),
     /// The init process of a tracked container exited.
     Exited(String, u32),
 }
@@ -262,12 +264,14 @@ impl RuntimeHook {
         .ok()
         .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
         .unwrap_or_default();
-        let argv = match self.capture.as_mut() {
-            Some(c) => c.take(tid).map(|r| r.argv),
+        let record = match self.capture.as_mut() {
+            Some(c) => c.take(tid),
             None => None,
         };
-        match argv {
-            Some(argv) => self.on_exec(tid, &binary, &argv, perm, sink),
+        match record {
+            // After execve the process id is the tgid even when another
+            // thread called it; the thread's cwd is the process's.
+            Some(r) => self.on_exec(r.tgid, &binary, &r.argv, perm, sink),
             None if self.is_reexec(tid) => answer(perm),
             None => {
                 self.stats.missing_argv += 1;
@@ -292,7 +296,7 @@ impl RuntimeHook {
 
     fn on_exec(
         &mut self,
-        tid: u32,
+        tgid: u32,
         binary: &str,
         argv: &[String],
         perm: Permission,
@@ -308,16 +312,16 @@ impl RuntimeHook {
         };
         match &inv.command {
             Command::Create(_) | Command::Run(_) => {
-                self.on_create(tid, &inv);
+                self.on_create(tgid, &inv);
                 answer(perm);
                 let id = match &inv.command {
                     Command::Create(a) | Command::Run(a) => a.id.clone(),
                     _ => return,
                 };
                 if matches!(inv.command, Command::Create(_)) {
-                    self.spawn_exit_wait(tid, Notice::Created(id));
+                    self.spawn_exit_wait(tgid, Notice::Created(id));
                 } else {
-                    self.spawn_state_wait(&inv, id);
+                    self.spawn_state_wait(&inv, id, tgid);
                 }
             }
             Command::Start { id } => {
@@ -403,25 +407,19 @@ impl RuntimeHook {
         }
     }
 
-    fn spawn_state_wait(&self, inv: &Invocation, id: String) {
-        // `run` creates and starts in one process: wait for the state file.
+    fn spawn_state_wait(&self, inv: &Invocation, id: String, tgid: u32) {
+        // `run` creates and starts in one process: catch the state file.
         let root = self.host(
             &inv.root
                 .clone()
                 .unwrap_or_else(|| default_root(&inv.runtime)),
         );
-        let path = crate::state::state_file(&inv.runtime, &root, &id);
-        let tx = self.notices_tx.clone();
+        let (tx, mut rx) = mpsc::channel(1);
+        crate::run_watch::spawn(inv.runtime.clone(), root, id, tgid, tx);
+        let notices = self.notices_tx.clone();
         tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut delay = Duration::from_micros(500);
-            while Instant::now() < deadline {
-                if path.exists() {
-                    let _ = tx.send(Notice::Created(id)).await;
-                    return;
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_millis(20));
+            if let Some(obs) = rx.recv().await {
+                let _ = notices.send(Notice::Observed(obs)).await;
             }
         });
     }
@@ -438,6 +436,24 @@ impl RuntimeHook {
             Notice::Created(id) => {
                 if self.pending.contains_key(&id) {
                     self.finalize(&id, sink);
+                }
+            }
+            Notice::Observed(obs) => {
+                if let Some(p) = self.pending.remove(&obs.id) {
+                    let mut c = Container::new(obs.id.clone(), p.runtime.clone());
+                    c.bundle = p.bundle.clone();
+                    c.runtime_root = Some(p.root.clone());
+                    fill(&mut c, obs.pid, p.config.as_ref(), p.status);
+                    // The container may be gone already: keep what the
+                    // watcher saw while it lived.
+                    if c.namespaces.mnt.is_none() {
+                        c.namespaces = obs.namespaces;
+                    }
+                    if c.cgroup.is_none() {
+                        c.cgroup = obs.cgroup;
+                    }
+                    self.track(c.clone(), obs.pid);
+                    sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
                 }
             }
             Notice::Exited(id, pid) => {

@@ -32,6 +32,7 @@ mod hook;
 pub mod oci;
 mod pidfd;
 pub mod proc;
+mod run_watch;
 mod scan;
 pub mod state;
 

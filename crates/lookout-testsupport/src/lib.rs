@@ -152,3 +152,92 @@ impl Restrictions {
         Ok(())
     }
 }
+
+/// OCI bundles with a busybox root file system, for tests with real
+/// runtimes.
+pub mod bundle {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// Applets linked into the root file system.
+    const APPLETS: &[&str] = &[
+        "sh", "sleep", "echo", "cat", "true", "false", "date", "ls", "touch",
+    ];
+
+    /// Creates a bundle at `dir` (which must not exist) whose process runs
+    /// `args`. The root file system is writable; `extra` edits the
+    /// config.json as a `serde_json::Value` before it is written.
+    pub fn busybox(
+        dir: &Path,
+        args: &[&str],
+        extra: impl FnOnce(&mut serde_json::Value),
+    ) -> PathBuf {
+        let rootfs = dir.join("rootfs");
+        std::fs::create_dir_all(rootfs.join("bin")).expect("mkdir rootfs/bin");
+        for d in ["proc", "sys", "dev", "tmp", "etc"] {
+            std::fs::create_dir_all(rootfs.join(d)).expect("mkdir");
+        }
+        let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("busybox-static is installed");
+        std::fs::copy(busybox, rootfs.join("bin/busybox")).expect("copy busybox");
+        for a in APPLETS {
+            let _ = std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(a));
+        }
+        let status = Command::new("runc")
+            .args(["spec", "--bundle"])
+            .arg(dir)
+            .status()
+            .expect("runc spec");
+        assert!(status.success(), "runc spec failed");
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read config.json"))
+                .expect("runc spec JSON");
+        config["process"]["terminal"] = false.into();
+        config["process"]["args"] = args.iter().map(|a| serde_json::Value::from(*a)).collect();
+        config["root"]["readonly"] = false.into();
+        extra(&mut config);
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&config).expect("serialize"),
+        )
+        .expect("write config.json");
+        dir.to_path_buf()
+    }
+
+    /// A static binary that writes `CLOCK_MONOTONIC` nanoseconds to the
+    /// file named by its first argument, then exits: a container's "first
+    /// instruction" with a timestamp. Built with `gcc -static` into `dir`.
+    pub fn monotonic_stamp(dir: &Path) -> PathBuf {
+        let src = dir.join("stamp.c");
+        let bin = dir.join("stamp");
+        std::fs::write(
+            &src,
+            r#"#include <stdio.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    FILE *f = fopen(argc > 1 ? argv[1] : "/stamp", "w");
+    if (!f) return 1;
+    fprintf(f, "%lld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec);
+    return fclose(f) ? 1 : 0;
+}
+"#,
+        )
+        .expect("write stamp.c");
+        let status = Command::new("gcc")
+            .args(["-O2", "-static", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("run gcc");
+        assert!(
+            status.success(),
+            "gcc -static failed (is libc6-dev installed?)"
+        );
+        bin
+    }
+}

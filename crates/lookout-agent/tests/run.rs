@@ -1,0 +1,462 @@
+//! `lookout run` against real runtimes (runc, crun, containerd), as root.
+//! Each test starts its own agent and filters events by its own container
+//! ids, so the tests can run side by side.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lookout_testsupport::{bundle, require_program, require_root};
+use serde_json::Value;
+
+/// A running `lookout run`, its events collected by a reader thread.
+struct Agent {
+    child: Child,
+    events: Arc<Mutex<Vec<Value>>>,
+    stderr: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    fn start(extra: &[&str]) -> Agent {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stderr = dir.path().join("stderr");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+            .args(["run", "--output", "json"])
+            .args(extra)
+            .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("spawn lookout run");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().expect("stdout");
+        let sink = Arc::clone(&events);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("bad JSON line {line:?}: {e}"));
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+            }
+        });
+        let agent = Agent {
+            child,
+            events,
+            stderr,
+            _dir: dir,
+        };
+        agent.wait_log("ready", Duration::from_secs(20));
+        agent
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn wait_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "agent never logged {needle:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Events about container `id`.
+    fn events_for(&self, id: &str) -> Vec<Value> {
+        let all = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter()
+            .filter(|e| e["container"]["id"] == id)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits for an `event` ("added"/"removed") about `id`.
+    fn wait_event(&self, id: &str, event: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self
+                .events_for(id)
+                .into_iter()
+                .find(|e| e["event"] == event)
+            {
+                return e;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {event} event for {id} within {timeout:?}; events: {:?}\nlog:\n{}",
+                self.events_for(id),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGTERM, then the exit status and the log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return (status, self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not exit on SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ready(test: &str) -> bool {
+    require_root(test) && require_program(test, "runc") && require_program(test, "busybox")
+}
+
+fn id(test: &str) -> String {
+    format!("lk-{test}-{}", std::process::id())
+}
+
+/// Runs runc with stdout to /dev/null and stderr to a file. N.B. a pipe
+/// would be inherited by the container process and never reach EOF.
+fn runc(args: &[&str]) -> std::process::Output {
+    let err = tempfile::NamedTempFile::new().expect("stderr file");
+    let status = Command::new("runc")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err.reopen().expect("reopen"))
+        .status()
+        .expect("run runc");
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: std::fs::read(err.path()).unwrap_or_default(),
+    }
+}
+
+fn runc_ok(args: &[&str]) {
+    let out = runc(args);
+    assert!(
+        out.status.success(),
+        "runc {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cleanup(id: &str) {
+    let _ = runc(&["delete", "--force", id]);
+}
+
+fn read_stamp(path: &Path) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && let Ok(v) = s.trim().parse()
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the container never wrote {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn runc_create_start_is_reported_before_the_first_instruction() {
+    if !ready("runc_create_start") || !require_program("runc_create_start", "gcc") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = dir.path().join("bundle");
+    bundle::busybox(&b, &["/stamp", "/stamp.out"], |c| {
+        c["annotations"] = serde_json::json!({"io.kubernetes.cri.container-name": "web"});
+    });
+    let stamp = bundle::monotonic_stamp(dir.path());
+    std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
+
+    let agent = Agent::start(&[]);
+    let id = id("create-start");
+    let pid_file = dir.path().join("init.pid");
+    let bs = b.to_str().expect("utf-8");
+    // As containerd's shim calls it.
+    runc_ok(&[
+        "create",
+        "--bundle",
+        bs,
+        "--pid-file",
+        pid_file.to_str().expect("utf-8"),
+        &id,
+    ]);
+    runc_ok(&["start", &id]);
+    let first_instruction = read_stamp(&b.join("rootfs/stamp.out"));
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    let removed = agent.wait_event(&id, "removed", Duration::from_secs(10));
+    cleanup(&id);
+
+    let pid: u64 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert_eq!(added["source"], "runtime-hook");
+    assert_eq!(added["container"]["status"], "created");
+    assert_eq!(added["container"]["runtime"], "runc");
+    assert_eq!(added["container"]["pid"], pid);
+    assert_eq!(added["container"]["bundle"], bs);
+    assert_eq!(
+        added["container"]["annotations"]["io.kubernetes.cri.container-name"],
+        "web"
+    );
+    assert!(added["container"]["namespaces"]["mnt"].as_u64().is_some());
+    let added_ns = added["monotonic_ns"].as_u64().expect("monotonic_ns");
+    assert!(
+        added_ns < first_instruction,
+        "Added at {added_ns} is not before the container's first instruction at {first_instruction}"
+    );
+    assert_eq!(removed["container"]["status"], "stopped");
+    assert!(removed["monotonic_ns"].as_u64() > Some(first_instruction));
+    assert_eq!(
+        agent.events_for(&id).len(),
+        2,
+        "exactly one added and one removed"
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("discovery mode fanotify-ebpf"), "{log}");
+}
+
+#[test]
+fn runc_run_detached_and_foreground() {
+    if !ready("runc_run") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&[]);
+
+    let b = bundle::busybox(&dir.path().join("d"), &["sleep", "1"], |_| {});
+    let detached = id("run-d");
+    runc_ok(&[
+        "run",
+        "-d",
+        "--bundle",
+        b.to_str().expect("utf-8"),
+        &detached,
+    ]);
+    let added = agent.wait_event(&detached, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "runtime-hook");
+    assert!(added["container"]["pid"].as_u64().is_some());
+    agent.wait_event(&detached, "removed", Duration::from_secs(10));
+    cleanup(&detached);
+
+    // Foreground, bundle = working directory (no --bundle).
+    let b = bundle::busybox(&dir.path().join("f"), &["sh", "-c", "exit 0"], |_| {});
+    let fg = id("run-fg");
+    let out = Command::new("runc")
+        .args(["run", &fg])
+        .current_dir(&b)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runc run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent.wait_event(&fg, "added", Duration::from_secs(5));
+    agent.wait_event(&fg, "removed", Duration::from_secs(5));
+    let added = agent
+        .events_for(&fg)
+        .into_iter()
+        .find(|e| e["event"] == "added")
+        .expect("added");
+    assert_eq!(added["container"]["bundle"], b.to_str().expect("utf-8"));
+    cleanup(&fg);
+}
+
+#[test]
+fn a_container_that_exits_at_once_is_added_and_removed() {
+    if !ready("exits_at_once") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let agent = Agent::start(&[]);
+    let id = id("true");
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    runc_ok(&["start", &id]);
+    agent.wait_event(&id, "added", Duration::from_secs(5));
+    agent.wait_event(&id, "removed", Duration::from_secs(5));
+    cleanup(&id);
+    assert_eq!(agent.events_for(&id).len(), 2);
+}
+
+#[test]
+fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
+    if !ready("hundred_concurrent") {
+        return;
+    }
+    const N: usize = 100;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
+    let agent = Agent::start(&[]);
+    let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id("many"))).collect();
+    let bs = b.to_str().expect("utf-8").to_owned();
+    // Ten workers, each creating, starting and deleting its share.
+    std::thread::scope(|s| {
+        for chunk in ids.chunks(N / 10) {
+            let bs = &bs;
+            s.spawn(move || {
+                for id in chunk {
+                    runc_ok(&["create", "--bundle", bs, id]);
+                    runc_ok(&["start", id]);
+                }
+            });
+        }
+    });
+    for id in &ids {
+        agent.wait_event(id, "removed", Duration::from_secs(30));
+    }
+    for id in &ids {
+        cleanup(id);
+        let ev = agent.events_for(id);
+        let added = ev.iter().filter(|e| e["event"] == "added").count();
+        let removed = ev.iter().filter(|e| e["event"] == "removed").count();
+        assert_eq!((added, removed), (1, 1), "{id}: {ev:?}");
+    }
+}
+
+#[test]
+fn a_killed_agent_does_not_block_the_runtime() {
+    if !ready("killed_agent") {
+        return;
+    }
+    let agent = Agent::start(&[]);
+    let pid = agent.child.id() as i32;
+    // Freeze the agent so it cannot answer, start a runtime exec (it now
+    // waits on the agent), then SIGKILL the agent.
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let start = Instant::now();
+    let waiting = std::thread::spawn(|| {
+        Command::new("runc")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !waiting.is_finished(),
+        "runc ran although the agent could not answer"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let killed = Instant::now();
+    let status = waiting.join().expect("thread").expect("runc --version");
+    assert!(status.success());
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "runc took {:?} after the kill",
+        killed.elapsed()
+    );
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    drop(agent);
+}
+
+#[test]
+fn containers_running_before_the_agent_are_found_by_the_state_scan() {
+    if !ready("state_scan") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "30"], |c| {
+        c["annotations"] = serde_json::json!({"scan": "yes"});
+    });
+    let id = id("scan");
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let agent = Agent::start(&[]);
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "state-scan");
+    assert_eq!(added["container"]["status"], "running");
+    assert_eq!(added["container"]["annotations"]["scan"], "yes");
+    assert_eq!(added["container"]["bundle"], b.to_str().expect("utf-8"));
+    runc_ok(&["kill", &id, "KILL"]);
+    let removed = agent.wait_event(&id, "removed", Duration::from_secs(5));
+    assert_eq!(removed["source"], "runtime-hook");
+    cleanup(&id);
+}
+
+#[test]
+fn malformed_config_and_argv_are_logged_and_discovery_goes_on() {
+    if !ready("malformed") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&[]);
+    // A bundle whose config.json is not JSON: runc fails, we log and go on.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).expect("mkdir");
+    std::fs::write(bad.join("config.json"), b"{ this is not json").expect("write");
+    let bad_id = id("bad-config");
+    assert!(
+        !runc(&["create", "--bundle", bad.to_str().expect("utf-8"), &bad_id])
+            .status
+            .success()
+    );
+    // argv without a container id, and with an invalid one.
+    assert!(
+        !runc(&["create", "--bundle", bad.to_str().expect("utf-8")])
+            .status
+            .success()
+    );
+    assert!(!runc(&["create", "../../etc"]).status.success());
+    // A good container afterwards is still discovered.
+    let good = bundle::busybox(&dir.path().join("good"), &["true"], |_| {});
+    let good_id = id("good-after-bad");
+    runc_ok(&[
+        "run",
+        "-d",
+        "--bundle",
+        good.to_str().expect("utf-8"),
+        &good_id,
+    ]);
+    agent.wait_event(&good_id, "added", Duration::from_secs(5));
+    cleanup(&good_id);
+    cleanup(&bad_id);
+    assert!(agent.events_for(&bad_id).is_empty());
+    let (status, log) = agent.stop();
+    assert!(status.success());
+    assert!(
+        log.contains("invalid JSON"),
+        "config error not logged:\n{log}"
+    );
+    assert!(
+        log.contains("without a container id"),
+        "argv error not logged:\n{log}"
+    );
+    assert!(
+        log.contains("invalid container id"),
+        "argv error not logged:\n{log}"
+    );
+}

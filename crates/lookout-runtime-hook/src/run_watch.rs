@@ -1,0 +1,95 @@
+//! Catching a container started by `runc run` (create and start in one
+//! process): the runtime's state file is the first place its pid shows, and
+//! a short-lived container's state is gone a few milliseconds later. A
+//! small thread watches the state directory with inotify from the moment
+//! the `run` exec is seen, and reads the state the instant it is written.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lookout_model::{Namespaces, RuntimeKind};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::sync::mpsc;
+
+use crate::proc;
+use crate::state::{read_state, state_file};
+
+/// What the watcher saw, read at once so that it survives the container.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    pub id: String,
+    pub pid: u32,
+    pub namespaces: Namespaces,
+    pub cgroup: Option<String>,
+}
+
+/// Watches `root` (a path this process opens) for `id`'s state file while
+/// the `run` process `tgid` lives, for at most 30 s.
+pub(crate) fn spawn(
+    runtime: RuntimeKind,
+    root: PathBuf,
+    id: String,
+    tgid: u32,
+    tx: mpsc::Sender<Observed>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("lookout-run-{id}"))
+        .spawn(move || {
+            if let Some(obs) = watch(&runtime, &root, &id, tgid) {
+                let _ = tx.blocking_send(obs);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(%e, "cannot start a run watcher thread");
+    }
+}
+
+fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> Option<Observed> {
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok();
+    let dir = root.join(id);
+    let state = state_file(runtime, root, id);
+    let mut root_watched = false;
+    let mut dir_watched = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(ino) = &ino {
+            if !root_watched {
+                root_watched = ino
+                    .add_watch(root, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR)
+                    .is_ok();
+            }
+            if !dir_watched && dir.is_dir() {
+                let mask = AddWatchFlags::IN_MOVED_TO
+                    | AddWatchFlags::IN_CLOSE_WRITE
+                    | AddWatchFlags::IN_CREATE;
+                dir_watched = ino.add_watch(&dir, mask).is_ok();
+            }
+        }
+        // Check after arming the watches: nothing written before is missed.
+        if state.exists()
+            && let Ok(s) = read_state(runtime, root, id)
+        {
+            return Some(Observed {
+                id: id.to_owned(),
+                pid: s.pid,
+                namespaces: proc::namespaces(s.pid),
+                cgroup: proc::cgroup(s.pid),
+            });
+        }
+        if Instant::now() > deadline || !std::path::Path::new(&format!("/proc/{tgid}")).exists() {
+            return None;
+        }
+        match &ino {
+            // Without a root dir to watch yet (the runtime creates it on
+            // first use), or without inotify, look again shortly.
+            Some(ino) if root_watched => {
+                let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(20u16));
+                let _ = ino.read_events();
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
