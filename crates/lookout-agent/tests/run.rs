@@ -460,3 +460,114 @@ fn malformed_config_and_argv_are_logged_and_discovery_goes_on() {
         "argv error not logged:\n{log}"
     );
 }
+
+/// Runs crun in a private mount namespace without the cgroup2 mount, the
+/// workaround for crun on hybrid cgroup hosts (crun refuses "hybrid mode").
+fn crun(args: &[&str]) -> std::process::ExitStatus {
+    let script = format!(
+        "umount /sys/fs/cgroup/unified 2>/dev/null; exec crun {}",
+        args.iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run crun")
+}
+
+#[test]
+fn crun_create_start_and_run() {
+    if !ready("crun") || !require_program("crun", "crun") || !require_program("crun", "unshare") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |c| {
+        c["annotations"] = serde_json::json!({"runtime": "crun"});
+    });
+    let bs = b.to_str().expect("utf-8");
+    let agent = Agent::start(&[]);
+    let created = id("crun-create");
+    assert!(crun(&["create", "--bundle", bs, &created]).success());
+    assert!(crun(&["start", &created]).success());
+    let added = agent.wait_event(&created, "added", Duration::from_secs(5));
+    assert_eq!(added["container"]["runtime"], "crun");
+    assert_eq!(added["container"]["status"], "created");
+    assert_eq!(added["container"]["annotations"]["runtime"], "crun");
+    assert_eq!(added["container"]["runtime_root"], "/run/crun");
+    agent.wait_event(&created, "removed", Duration::from_secs(10));
+    let _ = crun(&["delete", "-f", &created]);
+
+    let detached = id("crun-run-d");
+    assert!(crun(&["run", "--detach", "--bundle", bs, &detached]).success());
+    agent.wait_event(&detached, "added", Duration::from_secs(5));
+    agent.wait_event(&detached, "removed", Duration::from_secs(10));
+    let _ = crun(&["delete", "-f", &detached]);
+    assert_eq!(
+        agent.events_for(&created).len() + agent.events_for(&detached).len(),
+        4
+    );
+}
+
+#[test]
+fn fanotify_mode_without_bpf_still_discovers() {
+    if !ready("fanotify_mode") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
+    let agent = Agent::start(&["--mode", "fanotify"]);
+    let id = id("fanotify-only");
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    runc_ok(&["start", &id]);
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "runtime-hook");
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success());
+    assert!(log.contains("discovery mode fanotify"), "{log}");
+}
+
+#[test]
+fn scan_mode_finds_containers_and_their_exits() {
+    if !ready("scan_mode") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "2"], |_| {});
+    let agent = Agent::start(&["--mode", "scan", "--scan-interval", "100ms"]);
+    let id = id("scan-mode");
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "state-scan");
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success());
+    assert!(log.contains("discovery mode scan"), "{log}");
+}
+
+#[test]
+fn an_impossible_explicit_mode_fails_with_the_reasons() {
+    if !require_root("impossible_mode") {
+        return;
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+    cmd.args(["run", "--mode", "fanotify"]);
+    lookout_testsupport::Restrictions::new()
+        .deny_syscall(libc::SYS_fanotify_init, libc::EPERM)
+        .apply(&mut cmd)
+        .expect("restrict");
+    let out = cmd.stdin(Stdio::null()).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--mode fanotify cannot run on this node") && err.contains("EPERM"),
+        "{err}"
+    );
+}

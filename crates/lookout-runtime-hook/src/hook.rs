@@ -78,6 +78,13 @@ enum Notice {
     Created(String),
     /// A `run` watcher read the state of a container.
     Observed(crate::run_watch::Observed),
+    /// fanotify-only mode: the argv of an exec, read from /proc after it
+    /// was allowed.
+    LateArgv {
+        pid: u32,
+        binary: String,
+        argv: Vec<String>,
+    },
     /// The init process of a tracked container exited.
     Exited(String, u32),
 }
@@ -277,9 +284,10 @@ impl RuntimeHook {
                 self.stats.missing_argv += 1;
                 // Without argv (no BPF, or an exec path the programs do not
                 // see) let the exec go and learn about it from its state.
+                let before = proc::cmdline(tid);
                 answer(perm);
                 if self.capture.is_none() {
-                    self.spawn_late_argv(tid, binary);
+                    self.spawn_late_argv(tid, binary, before);
                 }
             }
         }
@@ -424,11 +432,24 @@ impl RuntimeHook {
         });
     }
 
-    fn spawn_late_argv(&self, tid: u32, binary: String) {
-        // fanotify-only mode: after the exec is allowed, /proc/<tid>/cmdline
-        // turns into the runtime's argv. Best effort: short-lived commands
-        // may be gone before we read them.
-        let _ = (tid, binary);
+    fn spawn_late_argv(&self, pid: u32, binary: String, before: Option<Vec<String>>) {
+        // fanotify-only mode: once the exec is allowed, /proc/<pid>/cmdline
+        // turns from the parent's argv into the runtime's. Best effort: a
+        // command that ends within ~10 ms (`start`, `delete`) may be gone
+        // before we read it; `create` and `run` live longer.
+        let tx = self.notices_tx.clone();
+        tokio::spawn(async move {
+            for _ in 0..50 {
+                match proc::cmdline(pid) {
+                    None => return,
+                    Some(argv) if Some(&argv) != before.as_ref() && !argv.is_empty() => {
+                        let _ = tx.send(Notice::LateArgv { pid, binary, argv }).await;
+                        return;
+                    }
+                    Some(_) => tokio::time::sleep(Duration::from_micros(200)).await,
+                }
+            }
+        });
     }
 
     fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
@@ -438,6 +459,31 @@ impl RuntimeHook {
                     self.finalize(&id, sink);
                 }
             }
+            Notice::LateArgv { pid, binary, argv } => match argv::parse(&argv, &binary) {
+                Ok(inv) => match &inv.command {
+                    Command::Create(a) | Command::Run(a) => {
+                        let id = a.id.clone();
+                        let is_create = matches!(inv.command, Command::Create(_));
+                        self.on_create(pid, &inv);
+                        if is_create {
+                            self.spawn_exit_wait(pid, Notice::Created(id));
+                        } else {
+                            self.spawn_state_wait(&inv, id, pid);
+                        }
+                    }
+                    Command::Start { id } => {
+                        let id = id.clone();
+                        if self.pending.contains_key(&id) {
+                            self.finalize(&id, sink);
+                        }
+                    }
+                    _ => {}
+                },
+                Err(e) => {
+                    self.stats.errors += 1;
+                    tracing::warn!(%e, ?argv, "cannot parse runtime command line");
+                }
+            },
             Notice::Observed(obs) => {
                 if let Some(p) = self.pending.remove(&obs.id) {
                     let mut c = Container::new(obs.id.clone(), p.runtime.clone());
