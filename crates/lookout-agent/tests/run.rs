@@ -571,3 +571,100 @@ fn an_impossible_explicit_mode_fails_with_the_reasons() {
         "{err}"
     );
 }
+
+/// A private containerd (CRI plugin off, its own root, state and socket).
+struct Containerd {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Containerd {
+    fn start(dir: &Path) -> Containerd {
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
+                root = dir.join("root").display(),
+                state = dir.join("state").display(),
+                sock = socket.display()
+            ),
+        )
+        .expect("write config");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).expect("log"))
+            .spawn()
+            .expect("start containerd");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "containerd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Containerd { child, socket }
+    }
+
+    fn ctr(&self, args: &[&str]) -> std::process::ExitStatus {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run ctr")
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn containerd_shim_containers_are_discovered() {
+    if !ready("containerd")
+        || !require_program("containerd", "containerd")
+        || !require_program("containerd", "ctr")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
+    let containerd = Containerd::start(dir.path());
+    let agent = Agent::start(&[]);
+    let id = id("ctr");
+    let rootfs = b.join("rootfs");
+    let status = containerd.ctr(&[
+        "run",
+        "--rm",
+        "--rootfs",
+        rootfs.to_str().expect("utf-8"),
+        &id,
+        "/bin/sleep",
+        "1",
+    ]);
+    assert!(status.success(), "ctr run failed");
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "runtime-hook");
+    assert_eq!(added["container"]["status"], "created");
+    assert_eq!(
+        added["container"]["runtime_root"],
+        "/run/containerd/runc/default"
+    );
+    let bundle = added["container"]["bundle"].as_str().expect("bundle");
+    assert!(bundle.ends_with(&format!("/default/{id}")), "{bundle}");
+    assert_eq!(
+        added["container"]["args"],
+        serde_json::json!(["/bin/sleep", "1"])
+    );
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+}
