@@ -1,5 +1,6 @@
 //! `cargo xtask`: lookout's build tasks. One module per subcommand.
 
+mod bench;
 mod build_ebpf;
 mod run;
 mod test;
@@ -23,6 +24,9 @@ enum Command {
     Test(test::Options),
     /// Build the BPF programs and the agent, then run `lookout ARGS`.
     Run(run::Options),
+    /// Measure exec overhead, discovery latency, churn, memory and start-up
+    /// (root); writes target/bench/report.json.
+    Bench(bench::Options),
 }
 
 fn main() {
@@ -31,6 +35,7 @@ fn main() {
         Command::BuildEbpf(o) => build_ebpf::build_ebpf(&o).map(|_| ()),
         Command::Test(o) => test::test(&o),
         Command::Run(o) => run::run(&o),
+        Command::Bench(o) => bench::bench(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

@@ -46,8 +46,8 @@ struct ProbeArgs {
     /// Where the host's root file system is mounted.
     #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
     host_root: PathBuf,
-    /// An extra runtime binary to look for (a host path). Repeatable.
-    #[arg(long = "runtime-path", value_name = "PATH")]
+    /// An extra runtime binary to look for (an absolute host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH", value_parser = run::absolute_path)]
     runtime_paths: Vec<PathBuf>,
 }
 

@@ -42,12 +42,25 @@ pub struct RunArgs {
     /// Where the host's root file system is mounted.
     #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
     host_root: PathBuf,
-    /// An extra runtime binary to watch (a host path). Repeatable.
-    #[arg(long = "runtime-path", value_name = "PATH")]
+    /// An extra runtime binary to watch (an absolute host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH", value_parser = absolute_path)]
     runtime_paths: Vec<PathBuf>,
     /// Rescan interval of the scan mode.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     scan_interval: Duration,
+}
+
+/// Runtime paths are host paths: a relative one would be resolved against
+/// the agent's working directory, which is never what was meant.
+pub fn absolute_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{s:?} is not an absolute path (runtime paths are host paths, e.g. /usr/local/bin/runc)"
+        ))
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -194,6 +207,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         }
     }
     let chosen = hook.as_ref().map_or(Mode::Scan, |(m, _)| *m);
+    release_startup_memory();
     if refused.is_empty() {
         tracing::info!("discovery mode {chosen}");
     } else {
@@ -219,6 +233,14 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// Start-up parses the kernel's BTF (tens of MB, inside aya) and verifier
+/// logs; give the freed heap back to the kernel so that the agent's
+/// resident size reflects what it keeps.
+fn release_startup_memory() {
+    // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// The mode to start with, and the refusals to log. An explicit mode that

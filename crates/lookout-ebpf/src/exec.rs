@@ -12,6 +12,11 @@ use lookout_ebpf_common::{
     ExecEvent, ExecFilterKey, FILENAME_LEN, MAX_ARGS,
 };
 
+/// Ring buffer flag: do not wake up readers. Nobody polls this ring (user
+/// space drains it when the fanotify event arrives), and a wakeup costs an
+/// irq_work (an IPI, expensive in a VM) in the exec'ing process.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
 #[map]
 static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
 
@@ -43,7 +48,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     let name_len = match unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut (*ev).filename) } {
         Ok(s) => s.len(),
         Err(e) => {
-            entry.discard(0);
+            entry.discard(BPF_RB_NO_WAKEUP);
             return Err(e as i64);
         }
     };
@@ -79,7 +84,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     }
     // SAFETY: a lookup in our own map; the value is not kept.
     if unsafe { EXEC_FILTER.get(&key) }.is_none() {
-        entry.discard(0);
+        entry.discard(BPF_RB_NO_WAKEUP);
         return Ok(());
     }
 
@@ -131,7 +136,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         (*ev).flags = fl;
         (*ev)._pad = 0;
     }
-    entry.submit(0);
+    entry.submit(BPF_RB_NO_WAKEUP);
     Ok(())
 }
 

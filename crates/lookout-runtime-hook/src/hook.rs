@@ -264,16 +264,21 @@ impl RuntimeHook {
         };
         let start = Instant::now();
         let tid = ev.pid().max(0) as u32;
-        let binary = std::fs::read_link(format!(
-            "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
-        ))
-        .ok()
-        .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
-        .unwrap_or_default();
         let record = match self.capture.as_mut() {
             Some(c) => c.take(tid),
             None => None,
+        };
+        // The binary's name: from the exec'd path the BPF record carries,
+        // else from the event's fd (a readlink, the slower way).
+        let binary = match &record {
+            Some(r) => basename(&r.filename),
+            None => std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
+            ))
+            .ok()
+            .map(|p| basename(&p.to_string_lossy()))
+            .unwrap_or_default(),
         };
         match record {
             // After execve the process id is the tgid even when another
@@ -554,6 +559,10 @@ impl RuntimeHook {
             );
         }
     }
+}
+
+fn basename(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
 }
 
 fn answer(perm: Permission) {
