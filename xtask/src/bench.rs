@@ -325,10 +325,12 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     busybox_bundle(&b, &["sleep", "0.05"])?;
     let bs = b.to_str().context("utf-8")?.to_owned();
     let mut created_at = HashMap::new();
+    let mut exec_at = HashMap::new();
     let mut exited_at = HashMap::new();
     for i in 0..opts.latency {
         let id = format!("bench-lat-{i}");
         let pidfile = work.join(format!("{id}.pid"));
+        exec_at.insert(id.clone(), now_ns());
         if !runc(&[
             "create",
             "--bundle",
@@ -348,7 +350,14 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     }
     std::thread::sleep(Duration::from_millis(200));
     let ev = agent.events();
-    let (mut add_lag, mut rem_lag) = (Vec::new(), Vec::new());
+    let (mut add_lag, mut rem_lag, mut exec_lag) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, t) in &exec_at {
+        if let Some((a, _)) = ev.get(id)
+            && let Some(&a) = a.first()
+        {
+            exec_lag.push((a as f64 - *t as f64) / 1e3);
+        }
+    }
     for (id, t) in &created_at {
         if let Some((a, _)) = ev.get(id)
             && let Some(&a) = a.first()
@@ -372,7 +381,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         &format!("churn: {} containers by 10 workers", opts.churn),
     );
     let b = work.join("bundle-churn");
-    busybox_bundle(&b, &["sleep", "3"])?;
+    busybox_bundle(&b, &["sleep", "20"])?;
     let bs = b.to_str().context("utf-8")?.to_owned();
     let ids: Vec<String> = (0..opts.churn)
         .map(|i| format!("bench-churn-{i}"))
@@ -466,7 +475,11 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         },
         "startup_ms": stats(&startups),
         "idle_5s": {"cpu_ticks": s1.0 - s0.0, "voluntary_ctxt_switches": s1.1 - s0.1, "rss_kb": s1.2},
-        "discovery_us": {"create_exit_to_added": stats(&add_lag), "exit_to_removed": stats(&rem_lag)},
+        "discovery_us": {
+            "create_exec_to_added": stats(&exec_lag),
+            "create_exit_to_added": stats(&add_lag),
+            "exit_to_removed": stats(&rem_lag),
+        },
         "churn": {
             "containers": opts.churn, "create_start_failed": failed.into_inner(),
             "create_start_per_s": opts.churn as f64 / create_secs,
