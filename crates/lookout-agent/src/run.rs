@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use lookout_model::{ContainerEvent, EventKind};
 use lookout_probe::{Mode, ProbeOptions, ProbeReport};
-use lookout_runtime_hook::{Config, RuntimeHook, Scanner, Sink};
+use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
 
 /// The output format of events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -45,6 +45,9 @@ pub struct RunArgs {
     /// An extra runtime binary to watch (an absolute host path). Repeatable.
     #[arg(long = "runtime-path", value_name = "PATH", value_parser = absolute_path)]
     runtime_paths: Vec<PathBuf>,
+    /// How often to look for runtime binaries installed after start-up.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    rescan_interval: Duration,
     /// Rescan interval of the scan mode.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     scan_interval: Duration,
@@ -188,6 +191,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                     bpf_object: (m == Mode::FanotifyEbpf)
                         .then(|| bpf_object.map(<[u8]>::to_vec))
                         .flatten(),
+                    rescan: Some(rescan(&args)),
                     ..Config::new()
                 };
                 match RuntimeHook::new(config) {
@@ -233,6 +237,23 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// Finds the runtime binaries the same way the probe did.
+fn rescan(args: &RunArgs) -> Rescan {
+    let host_root = args.host_root.clone();
+    let extra = args.runtime_paths.clone();
+    let path_env = std::env::var_os("PATH");
+    Rescan {
+        interval: args.rescan_interval,
+        find: std::sync::Arc::new(move || {
+            let candidates = lookout_probe::candidate_paths(path_env.as_deref(), &extra);
+            lookout_probe::find_runtimes(&host_root, &candidates)
+                .into_iter()
+                .map(|r| r.resolved)
+                .collect()
+        }),
+    }
 }
 
 /// Start-up parses the kernel's BTF (tens of MB, inside aya) and verifier

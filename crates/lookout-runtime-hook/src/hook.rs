@@ -30,6 +30,23 @@ impl<F: FnMut(ContainerEvent)> Sink for F {
     }
 }
 
+/// Finds the runtime binaries again (for binaries installed after start).
+#[derive(Clone)]
+pub struct Rescan {
+    /// How often.
+    pub interval: Duration,
+    /// Returns the binaries to watch (paths this process opens).
+    pub find: std::sync::Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Rescan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rescan")
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How to start the hook.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -41,6 +58,9 @@ pub struct Config {
     pub bpf_object: Option<Vec<u8>>,
     /// How long a runtime may wait on us for one exec.
     pub answer_deadline: Duration,
+    /// Look for newly installed runtime binaries (cheap: a few dozen
+    /// `stat`s per rescan).
+    pub rescan: Option<Rescan>,
 }
 
 impl Config {
@@ -51,6 +71,7 @@ impl Config {
             binaries: Vec::new(),
             bpf_object: None,
             answer_deadline: Duration::from_secs(2),
+            rescan: None,
         }
     }
 }
@@ -231,6 +252,12 @@ impl RuntimeHook {
         tokio::pin!(shutdown);
         let mut events: Vec<Event> = Vec::new();
         let mut sweep = tokio::time::interval(Duration::from_secs(10));
+        let rescan = self.config.rescan.clone();
+        let mut rescan_tick = tokio::time::interval(
+            rescan
+                .as_ref()
+                .map_or(Duration::from_secs(3600), |r| r.interval),
+        );
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
@@ -246,6 +273,18 @@ impl RuntimeHook {
                 }
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
                 _ = sweep.tick() => self.sweep(),
+                _ = rescan_tick.tick(), if rescan.is_some() => {
+                    if let Some(r) = &rescan {
+                        for path in (r.find)() {
+                            if !self.marked.contains(&path)
+                                && let Err(e) = self.watch_binary(&path)
+                            {
+                                self.stats.errors += 1;
+                                tracing::warn!(%e, "cannot watch a newly found runtime binary");
+                            }
+                        }
+                    }
+                }
             }
         }
         // Answer whatever is queued before the group closes.
