@@ -704,3 +704,28 @@ fn runtime_binaries_installed_later_are_watched() {
         .args(["delete", "--force", &id])
         .status();
 }
+
+#[test]
+fn removed_events_carry_the_exit_code() {
+    if !ready("exit_code") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&[]);
+    let b = bundle::busybox(&dir.path().join("three"), &["sh", "-c", "exit 3"], |_| {});
+    let three = id("exit-3");
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &three]);
+    runc_ok(&["start", &three]);
+    let removed = agent.wait_event(&three, "removed", Duration::from_secs(5));
+    assert_eq!(removed["exit_code"], 3, "{removed}");
+    cleanup(&three);
+
+    let b = bundle::busybox(&dir.path().join("killed"), &["sleep", "30"], |_| {});
+    let killed = id("exit-kill");
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &killed]);
+    agent.wait_event(&killed, "added", Duration::from_secs(5));
+    runc_ok(&["kill", &killed, "KILL"]);
+    let removed = agent.wait_event(&killed, "removed", Duration::from_secs(5));
+    assert_eq!(removed["exit_code"], 137, "{removed}");
+    cleanup(&killed);
+}

@@ -166,3 +166,15 @@ impl ExecEvent {
     /// Size in bytes of the record.
     pub const SIZE: usize = core::mem::size_of::<ExecEvent>();
 }
+
+/// Name of the `sched/sched_process_exit` program that records exit codes.
+pub const EXIT_PROGRAM: &str = "lookout_exit";
+/// Hash map of container init pids (tgid → 1) whose exit code is wanted.
+pub const WATCHED_PIDS_MAP: &str = "WATCHED_PIDS";
+/// Hash map tgid → raw `task_struct.exit_code` (a `wait(2)` status).
+pub const EXIT_CODES_MAP: &str = "EXIT_CODES";
+/// Capacity of [`WATCHED_PIDS_MAP`] and [`EXIT_CODES_MAP`].
+pub const EXIT_CAPACITY: u32 = 16384;
+/// Global: byte offset of `exit_code` in `struct task_struct`, found by user
+/// space in the kernel's BTF (0 = unknown: the program records nothing).
+pub const TASK_EXIT_CODE_OFFSET_GLOBAL: &str = "TASK_EXIT_CODE_OFFSET";

@@ -13,6 +13,7 @@ use aya_ebpf::programs::TracePointContext;
 use lookout_ebpf_common::{PROBE_MAGIC, ProbeEvent};
 
 mod exec;
+mod exit;
 
 /// The tgid the probe reports on; set by the loader (0 = nobody).
 #[unsafe(no_mangle)]
@@ -56,6 +57,13 @@ pub fn lookout_execve(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn lookout_execveat(ctx: TracePointContext) -> u32 {
     let _ = exec::capture(&ctx, exec::EXECVEAT_FILENAME, exec::EXECVEAT_ARGV, exec::FLAGS_EXECVEAT);
+    0
+}
+
+/// Exit codes of watched container processes, at `sched/sched_process_exit`.
+#[tracepoint]
+pub fn lookout_exit(_ctx: TracePointContext) -> u32 {
+    let _ = exit::record();
     0
 }
 

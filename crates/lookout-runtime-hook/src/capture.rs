@@ -7,7 +7,8 @@ use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use aya::programs::TracePoint;
 use lookout_ebpf_common::{
     ARGS_SIZE, EXEC_EVENTS_MAP, EXEC_FILTER_MAP, EXEC_FLAG_TRUNCATED, EXECVE_PROGRAM,
-    EXECVEAT_PROGRAM, ExecEvent, ExecFilterKey, exec_filter_key,
+    EXECVEAT_PROGRAM, EXIT_CODES_MAP, EXIT_PROGRAM, ExecEvent, ExecFilterKey,
+    TASK_EXIT_CODE_OFFSET_GLOBAL, WATCHED_PIDS_MAP, exec_filter_key,
 };
 
 use crate::Error;
@@ -72,6 +73,13 @@ pub struct ExecCapture {
     ring: RingBuf<MapData>,
     filter: BpfHashMap<MapData, ExecFilterKey, u8>,
     pending: HashMap<u32, ExecRecord>,
+    exit: Option<ExitCodes>,
+}
+
+/// The maps of the exit-code program.
+struct ExitCodes {
+    watched: BpfHashMap<MapData, u32, u8>,
+    codes: BpfHashMap<MapData, u32, i32>,
 }
 
 impl std::fmt::Debug for ExecCapture {
@@ -97,7 +105,14 @@ impl ExecCapture {
     /// Loads and attaches the programs; only execs of files called one of
     /// `names` are captured.
     pub fn load(object: &[u8], names: &[String]) -> Result<ExecCapture, Error> {
-        let mut ebpf = aya::Ebpf::load(object).map_err(|e| bpf_err("loading the BPF object", e))?;
+        // Exit codes need one kernel struct offset; find it in the running
+        // kernel's BTF (0 disables the exit-code program's work).
+        let exit_offset = crate::btf::task_exit_code_offset().unwrap_or(0);
+        let mut loader = aya::EbpfLoader::new();
+        loader.override_global(TASK_EXIT_CODE_OFFSET_GLOBAL, &exit_offset, true);
+        let mut ebpf = loader
+            .load(object)
+            .map_err(|e| bpf_err("loading the BPF object", e))?;
         for (prog, tp) in [
             (EXECVE_PROGRAM, "sys_enter_execve"),
             (EXECVEAT_PROGRAM, "sys_enter_execveat"),
@@ -122,16 +137,70 @@ impl ExecCapture {
                 .ok_or_else(|| Error::Bpf(format!("map {EXEC_FILTER_MAP} missing")))?,
         )
         .map_err(|e| bpf_err(EXEC_FILTER_MAP, e))?;
+        let exit = if exit_offset == 0 {
+            tracing::warn!("task_struct.exit_code not found in the kernel's BTF: no exit codes");
+            None
+        } else {
+            match Self::load_exit(&mut ebpf) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    tracing::warn!(%e, "exit codes unavailable");
+                    None
+                }
+            }
+        };
         let mut capture = ExecCapture {
             _ebpf: ebpf,
             ring,
             filter,
             pending: HashMap::new(),
+            exit,
         };
         for n in names {
             capture.watch_name(n)?;
         }
         Ok(capture)
+    }
+
+    fn load_exit(ebpf: &mut aya::Ebpf) -> Result<ExitCodes, Error> {
+        let p: &mut TracePoint = ebpf
+            .program_mut(EXIT_PROGRAM)
+            .ok_or_else(|| Error::Bpf(format!("program {EXIT_PROGRAM} missing from the object")))?
+            .try_into()
+            .map_err(|e| bpf_err(EXIT_PROGRAM, e))?;
+        p.load()
+            .map_err(|e| bpf_err(&format!("loading {EXIT_PROGRAM}"), e))?;
+        p.attach("sched", "sched_process_exit")
+            .map_err(|e| bpf_err(&format!("attaching {EXIT_PROGRAM}"), e))?;
+        let take = |ebpf: &mut aya::Ebpf, name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| Error::Bpf(format!("map {name} missing")))
+        };
+        Ok(ExitCodes {
+            watched: BpfHashMap::try_from(take(ebpf, WATCHED_PIDS_MAP)?)
+                .map_err(|e| bpf_err(WATCHED_PIDS_MAP, e))?,
+            codes: BpfHashMap::try_from(take(ebpf, EXIT_CODES_MAP)?)
+                .map_err(|e| bpf_err(EXIT_CODES_MAP, e))?,
+        })
+    }
+
+    /// Records the exit code of process `pid` when it exits.
+    pub fn watch_exit(&mut self, pid: u32) {
+        if let Some(x) = &mut self.exit
+            && let Err(e) = x.watched.insert(pid, 1, 0)
+        {
+            tracing::debug!(pid, %e, "cannot watch for an exit code");
+        }
+    }
+
+    /// The exit code of `pid` (shell style: status, or 128 + signal), if
+    /// it was recorded; forgets `pid` either way.
+    pub fn take_exit_code(&mut self, pid: u32) -> Option<i32> {
+        let x = self.exit.as_mut()?;
+        let _ = x.watched.remove(&pid);
+        let raw = x.codes.get(&pid, 0).ok();
+        let _ = x.codes.remove(&pid);
+        raw.map(crate::btf::shell_exit_code)
     }
 
     /// Captures execs of files called `name` from now on.

@@ -550,7 +550,11 @@ impl RuntimeHook {
                 if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
                     && let Some(c) = self.tracked.remove(&id)
                 {
-                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, None));
+                    let code = self
+                        .capture
+                        .as_mut()
+                        .and_then(|cap| cap.take_exit_code(pid));
+                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, code));
                 }
             }
         }
@@ -584,6 +588,9 @@ impl RuntimeHook {
     }
 
     fn track(&mut self, c: Container, pid: u32) {
+        if let Some(cap) = self.capture.as_mut() {
+            cap.watch_exit(pid);
+        }
         self.spawn_exit_wait(pid, Notice::Exited(c.id.clone(), pid));
         self.tracked.insert(c.id.clone(), c);
     }

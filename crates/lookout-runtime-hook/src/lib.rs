@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod argv;
+mod btf;
 mod capture;
 mod hook;
 pub mod oci;
