@@ -321,6 +321,7 @@ fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
     let agent = Agent::start(&[]);
+    let fds_before = open_fds(agent.child.id());
     let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id("many"))).collect();
     let bs = b.to_str().expect("utf-8").to_owned();
     // Ten workers, each creating, starting and deleting its share.
@@ -345,6 +346,22 @@ fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
         let removed = ev.iter().filter(|e| e["event"] == "removed").count();
         assert_eq!((added, removed), (1, 1), "{id}: {ev:?}");
     }
+    // Every pidfd and event fd is closed again: no fd leak per container.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open_fds(agent.child.id()) > fds_before {
+        assert!(
+            Instant::now() < deadline,
+            "agent fds grew from {fds_before} to {} after {N} containers",
+            open_fds(agent.child.id())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[test]
