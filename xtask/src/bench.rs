@@ -509,6 +509,11 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     }
     let d = &report["discovery_us"];
     println!(
+        "| runc create exec -> Added (us) | {:.0} | {:.0} |",
+        g(&d["create_exec_to_added"], "p50"),
+        g(&d["create_exec_to_added"], "p99")
+    );
+    println!(
         "| runc create exit -> Added (us) | {:.0} | {:.0} |",
         g(&d["create_exit_to_added"], "p50"),
         g(&d["create_exit_to_added"], "p99")
