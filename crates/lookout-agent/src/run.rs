@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// How often to look for runtime binaries installed after start-up.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     rescan_interval: Duration,
+    /// How long a runtime exec may wait for its event to be written to
+    /// stdout (a consumer that stops reading must not freeze the node).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    event_deadline: Duration,
     /// Rescan interval of the scan mode.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     scan_interval: Duration,
@@ -80,11 +84,50 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Writes each event to stdout and flushes, so that a reader has it before
-/// the runtime exec that caused it is allowed.
+/// Hands each event to a writer thread that writes it to stdout and
+/// flushes, and waits (up to `deadline`) until it is written: a reader has
+/// the event before the runtime exec that caused it is allowed. A consumer
+/// that stops reading stdout must not freeze the node's runtimes, so after
+/// the deadline the hook goes on (the line is still written later, in
+/// order); when even the bounded queue is full, events are dropped and
+/// counted.
 struct StdoutSink {
     output: Output,
-    out: std::io::Stdout,
+    queue: std::sync::mpsc::SyncSender<(String, std::sync::mpsc::SyncSender<()>)>,
+    deadline: Duration,
+    late: u64,
+    dropped: u64,
+}
+
+impl StdoutSink {
+    fn new(output: Output, deadline: Duration) -> anyhow::Result<StdoutSink> {
+        let (queue, rx) =
+            std::sync::mpsc::sync_channel::<(String, std::sync::mpsc::SyncSender<()>)>(4096);
+        std::thread::Builder::new()
+            .name("lookout-stdout".into())
+            .spawn(move || {
+                let out = std::io::stdout();
+                for (line, ack) in rx {
+                    let mut lock = out.lock();
+                    if writeln!(lock, "{line}")
+                        .and_then(|()| lock.flush())
+                        .is_err()
+                    {
+                        // N.B. a closed stdout must not stop discovery.
+                        tracing::debug!("stdout closed; event dropped");
+                    }
+                    let _ = ack.try_send(());
+                }
+            })
+            .context("starting the stdout writer thread")?;
+        Ok(StdoutSink {
+            output,
+            queue,
+            deadline,
+            late: 0,
+            dropped: 0,
+        })
+    }
 }
 
 impl Sink for StdoutSink {
@@ -95,13 +138,26 @@ impl Sink for StdoutSink {
             }
             Output::Text => text_line(&event),
         };
-        let mut lock = self.out.lock();
-        if writeln!(lock, "{line}")
-            .and_then(|()| lock.flush())
-            .is_err()
-        {
-            // N.B. a closed stdout must not stop discovery (or block runtimes).
-            tracing::debug!("stdout closed; event dropped");
+        let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
+        match self.queue.try_send((line, ack_tx)) {
+            Ok(()) => {
+                if ack_rx.recv_timeout(self.deadline).is_err() {
+                    self.late += 1;
+                    tracing::warn!(
+                        late = self.late,
+                        id = event.container.id,
+                        "stdout is not being read: event queued, the runtime is not kept waiting"
+                    );
+                }
+            }
+            Err(_) => {
+                self.dropped += 1;
+                tracing::error!(
+                    dropped = self.dropped,
+                    id = event.container.id,
+                    "stdout queue full: event dropped"
+                );
+            }
         }
     }
 }
@@ -157,10 +213,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     } else {
         Output::Json
     });
-    let mut sink = StdoutSink {
-        output,
-        out: std::io::stdout(),
-    };
+    let mut sink = StdoutSink::new(output, args.event_deadline)?;
     let report = lookout_probe::probe(
         &ProbeOptions::new()
             .host_root(&args.host_root)

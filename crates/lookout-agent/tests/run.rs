@@ -746,3 +746,74 @@ fn removed_events_carry_the_exit_code() {
     assert_eq!(removed["exit_code"], 137, "{removed}");
     cleanup(&killed);
 }
+
+#[test]
+fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
+    if !ready("stdout_not_read") {
+        return;
+    }
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both fds were just created and are owned here.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // The smallest pipe (one page): a handful of events fill it.
+    // SAFETY: fcntl on our own fd.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
+    let stderr = dir.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args(["run", "--output", "json", "--event-deadline", "100ms"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(std::fs::File::create(&stderr).expect("stderr"))
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&stderr)
+        .unwrap_or_default()
+        .contains("ready")
+    {
+        assert!(Instant::now() < deadline, "agent not ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8");
+    let ids: Vec<String> = (0..12)
+        .map(|i| format!("{}-{i}", id("stdout-full")))
+        .collect();
+    for id in &ids {
+        let t = Instant::now();
+        runc_ok(&["create", "--bundle", bs, id]);
+        runc_ok(&["start", id]);
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "runc waited {:?} on a blocked stdout",
+            t.elapsed()
+        );
+    }
+    for id in &ids {
+        cleanup(id);
+    }
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(log.contains("stdout is not being read"), "{log}");
+    // The queued events still come out, in order, once someone reads.
+    let mut reader = std::io::BufReader::new(std::fs::File::from(read_end));
+    let mut added = Vec::new();
+    let mut line = String::new();
+    while added.len() < ids.len() {
+        line.clear();
+        if std::io::BufRead::read_line(&mut reader, &mut line).expect("read") == 0 {
+            break;
+        }
+        let v: Value = serde_json::from_str(&line).expect("json");
+        if v["event"] == "added" && ids.iter().any(|i| v["container"]["id"] == i.as_str()) {
+            added.push(v["container"]["id"].as_str().expect("id").to_owned());
+        }
+    }
+    assert_eq!(added, ids);
+    let _ = child.kill();
+    let _ = child.wait();
+}
