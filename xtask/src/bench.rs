@@ -287,10 +287,17 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(200));
     let _ = exec_times(&none_noop, 50); // warm up
     let (mut none, mut floor, mut agent_t) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..opts.rounds * opts.execs {
-        none.extend(exec_times(&none_noop, 1));
-        floor.extend(exec_times(&floor_noop, 1));
-        agent_t.extend(exec_times(&fake, 1));
+    // Rotate the order every iteration: an exec's cost depends on what ran
+    // just before it (caches, which CPU is awake), and a fixed order showed
+    // up as a bias of tens of microseconds for whoever came last.
+    for i in 0..opts.rounds * opts.execs {
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => none.extend(exec_times(&none_noop, 1)),
+                1 => floor.extend(exec_times(&floor_noop, 1)),
+                _ => agent_t.extend(exec_times(&fake, 1)),
+            }
+        }
     }
     a.stop();
     let _ = f.kill();
