@@ -89,10 +89,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// the event before the runtime exec that caused it is allowed. A consumer
 /// that stops reading stdout must not freeze the node's runtimes, so after
 /// the deadline the hook goes on (the line is still written later, in
-/// order); when even the bounded queue is full, events are dropped and
+/// order); while earlier lines are still unwritten, later events do not
+/// wait at all, so a stall costs the runtimes one deadline, not one per
+/// event. When even the bounded queue is full, events are dropped and
 /// counted.
 struct StdoutSink {
     output: Output,
+    unwritten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     queue: std::sync::mpsc::SyncSender<(String, std::sync::mpsc::SyncSender<()>)>,
     deadline: Duration,
     late: u64,
@@ -103,6 +106,8 @@ impl StdoutSink {
     fn new(output: Output, deadline: Duration) -> anyhow::Result<StdoutSink> {
         let (queue, rx) =
             std::sync::mpsc::sync_channel::<(String, std::sync::mpsc::SyncSender<()>)>(4096);
+        let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&unwritten);
         std::thread::Builder::new()
             .name("lookout-stdout".into())
             .spawn(move || {
@@ -116,12 +121,14 @@ impl StdoutSink {
                         // N.B. a closed stdout must not stop discovery.
                         tracing::debug!("stdout closed; event dropped");
                     }
+                    counter.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     let _ = ack.try_send(());
                 }
             })
             .context("starting the stdout writer thread")?;
         Ok(StdoutSink {
             output,
+            unwritten,
             queue,
             deadline,
             late: 0,
@@ -139,7 +146,14 @@ impl Sink for StdoutSink {
             Output::Text => text_line(&event),
         };
         let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
+        let behind = self
+            .unwritten
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            > 0;
         match self.queue.try_send((line, ack_tx)) {
+            // The writer is still stuck on earlier lines: do not make the
+            // runtime wait again.
+            Ok(()) if behind => self.late += 1,
             Ok(()) => {
                 if ack_rx.recv_timeout(self.deadline).is_err() {
                     self.late += 1;
@@ -151,6 +165,8 @@ impl Sink for StdoutSink {
                 }
             }
             Err(_) => {
+                self.unwritten
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 self.dropped += 1;
                 tracing::error!(
                     dropped = self.dropped,

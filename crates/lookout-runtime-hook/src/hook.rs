@@ -354,26 +354,43 @@ impl RuntimeHook {
         perm: Permission,
         sink: &mut dyn Sink,
     ) {
+        self.on_argv(tgid, binary, argv, Some(perm), sink);
+    }
+
+    /// Acts on a runtime command line. `perm` is the exec's pending
+    /// permission (answered here, after anything that must precede the
+    /// exec), or `None` when the exec was already allowed (fanotify-only
+    /// mode reads argv afterwards).
+    fn on_argv(
+        &mut self,
+        pid: u32,
+        binary: &str,
+        argv: &[String],
+        perm: Option<Permission>,
+        sink: &mut dyn Sink,
+    ) {
         let inv = match argv::parse(argv, binary) {
             Ok(inv) => inv,
             Err(e) => {
                 self.stats.errors += 1;
                 tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
-                return answer(perm);
+                if let Some(perm) = perm {
+                    answer(perm);
+                }
+                return;
             }
         };
         match &inv.command {
-            Command::Create(_) | Command::Run(_) => {
-                self.on_create(tgid, &inv);
-                answer(perm);
-                let id = match &inv.command {
-                    Command::Create(a) | Command::Run(a) => a.id.clone(),
-                    _ => return,
-                };
+            Command::Create(a) | Command::Run(a) => {
+                let id = a.id.clone();
+                self.on_create(pid, &inv);
+                if let Some(perm) = perm {
+                    answer(perm);
+                }
                 if matches!(inv.command, Command::Create(_)) {
-                    self.spawn_exit_wait(tgid, Notice::Created(id));
+                    self.spawn_exit_wait(pid, Notice::Created(id));
                 } else {
-                    self.spawn_state_wait(&inv, id, tgid);
+                    self.spawn_state_wait(&inv, id, pid);
                 }
             }
             Command::Start { id } => {
@@ -381,11 +398,17 @@ impl RuntimeHook {
                 // process may run.
                 let id = id.clone();
                 if self.pending.contains_key(&id) {
-                    self.finalize(&id, sink);
+                    self.finalize(&id, None, sink);
                 }
-                answer(perm);
+                if let Some(perm) = perm {
+                    answer(perm);
+                }
             }
-            Command::Delete { .. } | Command::ReExec | Command::Other(_) => answer(perm),
+            Command::Delete { .. } | Command::ReExec | Command::Other(_) => {
+                if let Some(perm) = perm {
+                    answer(perm);
+                }
+            }
         }
     }
 
@@ -500,50 +523,14 @@ impl RuntimeHook {
         match n {
             Notice::Created(id) => {
                 if self.pending.contains_key(&id) {
-                    self.finalize(&id, sink);
+                    self.finalize(&id, None, sink);
                 }
             }
-            Notice::LateArgv { pid, binary, argv } => match argv::parse(&argv, &binary) {
-                Ok(inv) => match &inv.command {
-                    Command::Create(a) | Command::Run(a) => {
-                        let id = a.id.clone();
-                        let is_create = matches!(inv.command, Command::Create(_));
-                        self.on_create(pid, &inv);
-                        if is_create {
-                            self.spawn_exit_wait(pid, Notice::Created(id));
-                        } else {
-                            self.spawn_state_wait(&inv, id, pid);
-                        }
-                    }
-                    Command::Start { id } => {
-                        let id = id.clone();
-                        if self.pending.contains_key(&id) {
-                            self.finalize(&id, sink);
-                        }
-                    }
-                    _ => {}
-                },
-                Err(e) => {
-                    self.stats.errors += 1;
-                    tracing::warn!(%e, ?argv, "cannot parse runtime command line");
-                }
-            },
+            Notice::LateArgv { pid, binary, argv } => self.on_argv(pid, &binary, &argv, None, sink),
             Notice::Observed(obs) => {
-                if let Some(p) = self.pending.remove(&obs.id) {
-                    let mut c = Container::new(obs.id.clone(), p.runtime.clone());
-                    c.bundle = p.bundle.clone();
-                    c.runtime_root = Some(p.root.clone());
-                    fill(&mut c, obs.pid, p.config.as_ref(), p.status);
-                    // The container may be gone already: keep what the
-                    // watcher saw while it lived.
-                    if c.namespaces.mnt.is_none() {
-                        c.namespaces = obs.namespaces;
-                    }
-                    if c.cgroup.is_none() {
-                        c.cgroup = obs.cgroup;
-                    }
-                    self.track(c.clone(), obs.pid);
-                    sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
+                if self.pending.contains_key(&obs.id) {
+                    let id = obs.id.clone();
+                    self.finalize(&id, Some(obs), sink);
                 }
             }
             Notice::Exited(id, pid) => {
@@ -560,11 +547,42 @@ impl RuntimeHook {
         }
     }
 
-    fn finalize(&mut self, id: &str, sink: &mut dyn Sink) {
+    /// Reports pending container `id`: its pid from `seen` (a `run`
+    /// watcher that read the state while the container lived) or from the
+    /// runtime's state / pid file now.
+    fn finalize(
+        &mut self,
+        id: &str,
+        seen: Option<crate::run_watch::Observed>,
+        sink: &mut dyn Sink,
+    ) {
         let Some(p) = self.pending.remove(id) else {
             return;
         };
-        let pid = match read_state(&p.runtime, &self.host(&p.root), id) {
+        let pid = match &seen {
+            Some(obs) => Some(obs.pid),
+            None => self.read_pid(id, &p),
+        };
+        let Some(pid) = pid else { return };
+        let mut c = Container::new(id, p.runtime.clone());
+        c.bundle = p.bundle.clone();
+        c.runtime_root = Some(p.root.clone());
+        fill(&mut c, pid, p.config.as_ref(), p.status);
+        if let Some(obs) = seen {
+            // The container may be gone already: keep what the watcher saw.
+            if c.namespaces.mnt.is_none() {
+                c.namespaces = obs.namespaces;
+            }
+            if c.cgroup.is_none() {
+                c.cgroup = obs.cgroup;
+            }
+        }
+        self.track(c.clone(), pid);
+        sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
+    }
+
+    fn read_pid(&self, id: &str, p: &Pending) -> Option<u32> {
+        match read_state(&p.runtime, &self.host(&p.root), id) {
             Ok(s) => Some(s.pid),
             Err(e) => match p.pid_file.as_ref().map(|f| read_pid_file(&self.host(f))) {
                 Some(Ok(pid)) => Some(pid),
@@ -577,14 +595,7 @@ impl RuntimeHook {
                     None
                 }
             },
-        };
-        let Some(pid) = pid else { return };
-        let mut c = Container::new(id, p.runtime.clone());
-        c.bundle = p.bundle.clone();
-        c.runtime_root = Some(p.root.clone());
-        fill(&mut c, pid, p.config.as_ref(), p.status);
-        self.track(c.clone(), pid);
-        sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
+        }
     }
 
     fn track(&mut self, c: Container, pid: u32) {
