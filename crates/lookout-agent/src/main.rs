@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod run;
+mod serve;
 
 /// The BPF object built by `cargo xtask build-ebpf` (empty when the agent
 /// was built without it).

@@ -48,6 +48,9 @@ pub struct RunArgs {
     /// How often to look for runtime binaries installed after start-up.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     rescan_interval: Duration,
+    /// Where to serve /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9477")]
+    listen: std::net::SocketAddr,
     /// How long a runtime exec may wait for its event to be written to
     /// stdout (a consumer that stops reading must not freeze the node).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
@@ -95,6 +98,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// counted.
 struct StdoutSink {
     output: Output,
+    metrics: std::sync::Arc<crate::serve::Metrics>,
     unwritten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     queue: std::sync::mpsc::SyncSender<(String, std::sync::mpsc::SyncSender<()>)>,
     deadline: Duration,
@@ -103,7 +107,11 @@ struct StdoutSink {
 }
 
 impl StdoutSink {
-    fn new(output: Output, deadline: Duration) -> anyhow::Result<StdoutSink> {
+    fn new(
+        output: Output,
+        deadline: Duration,
+        metrics: std::sync::Arc<crate::serve::Metrics>,
+    ) -> anyhow::Result<StdoutSink> {
         let (queue, rx) =
             std::sync::mpsc::sync_channel::<(String, std::sync::mpsc::SyncSender<()>)>(4096);
         let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -128,6 +136,7 @@ impl StdoutSink {
             .context("starting the stdout writer thread")?;
         Ok(StdoutSink {
             output,
+            metrics,
             unwritten,
             queue,
             deadline,
@@ -139,6 +148,7 @@ impl StdoutSink {
 
 impl Sink for StdoutSink {
     fn emit(&mut self, event: ContainerEvent) {
+        self.metrics.event(&event);
         let line = match self.output {
             Output::Json => {
                 serde_json::to_string(&event).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
@@ -153,10 +163,14 @@ impl Sink for StdoutSink {
         match self.queue.try_send((line, ack_tx)) {
             // The writer is still stuck on earlier lines: do not make the
             // runtime wait again.
-            Ok(()) if behind => self.late += 1,
+            Ok(()) if behind => {
+                self.late += 1;
+                self.metrics.stdout_late();
+            }
             Ok(()) => {
                 if ack_rx.recv_timeout(self.deadline).is_err() {
                     self.late += 1;
+                    self.metrics.stdout_late();
                     tracing::warn!(
                         late = self.late,
                         id = event.container.id,
@@ -168,6 +182,7 @@ impl Sink for StdoutSink {
                 self.unwritten
                     .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 self.dropped += 1;
+                self.metrics.stdout_dropped();
                 tracing::error!(
                     dropped = self.dropped,
                     id = event.container.id,
@@ -229,7 +244,13 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     } else {
         Output::Json
     });
-    let mut sink = StdoutSink::new(output, args.event_deadline)?;
+    let metrics = std::sync::Arc::new(crate::serve::Metrics::new());
+    let shared = std::sync::Arc::new(crate::serve::Shared {
+        metrics: std::sync::Arc::clone(&metrics),
+        ready: std::sync::RwLock::new(None),
+    });
+    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared)).await;
+    let mut sink = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
     let report = lookout_probe::probe(
         &ProbeOptions::new()
             .host_root(&args.host_root)
@@ -261,6 +282,8 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                         .then(|| bpf_object.map(<[u8]>::to_vec))
                         .flatten(),
                     rescan: Some(rescan(&args)),
+                    observer: Some(std::sync::Arc::clone(&metrics)
+                        as std::sync::Arc<dyn lookout_runtime_hook::Observer>),
                     ..Config::new()
                 };
                 match RuntimeHook::new(config) {
@@ -281,6 +304,11 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     }
     let chosen = hook.as_ref().map_or(Mode::Scan, |(m, _)| *m);
     release_startup_memory();
+    metrics.set_mode(chosen.as_str());
+    let mut body = format!("mode {chosen}\n");
+    for r in &refused {
+        body.push_str(&format!("refused {r}\n"));
+    }
     if refused.is_empty() {
         tracing::info!("discovery mode {chosen}");
     } else {
@@ -290,6 +318,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     match hook {
         Some((_, mut hook)) => {
             hook.scan(&mut sink);
+            set_ready(&shared, body);
             tracing::info!(
                 tracked = hook.tracked().count(),
                 bpf = hook.has_bpf(),
@@ -299,6 +328,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
             tracing::info!(?stats, "runtime hook stopped; marks removed");
         }
         None => {
+            set_ready(&shared, body);
             tracing::info!("ready");
             Scanner::new(args.host_root.clone(), args.scan_interval)
                 .run(&mut sink, shutdown_signal())
@@ -306,6 +336,12 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         }
     }
     Ok(())
+}
+
+fn set_ready(shared: &crate::serve::Shared, body: String) {
+    if let Ok(mut r) = shared.ready.write() {
+        *r = Some(body);
+    }
 }
 
 /// Finds the runtime binaries the same way the probe did.

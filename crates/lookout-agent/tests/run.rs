@@ -24,7 +24,7 @@ impl Agent {
         let dir = tempfile::tempdir().expect("tempdir");
         let stderr = dir.path().join("stderr");
         let mut child = Command::new(env!("CARGO_BIN_EXE_lookout"))
-            .args(["run", "--output", "json"])
+            .args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
             .env_remove("NODE_NAME")
@@ -816,4 +816,76 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     assert_eq!(added, ids);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A plain HTTP/1.1 GET against the agent: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the agent");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn health_readiness_and_metrics_endpoints() {
+    if !ready("endpoints") {
+        return;
+    }
+    let agent = Agent::start(&[]);
+    let log = agent.log();
+    let addr = log
+        .split("on http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the agent logs where it serves")
+        .to_owned();
+    assert_eq!(http_get(&addr, "/healthz"), (200, "ok\n".to_owned()));
+    let (status, body) = http_get(&addr, "/readyz");
+    assert_eq!(status, 200);
+    assert!(body.starts_with("mode fanotify-ebpf"), "{body}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let id = id("metrics");
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    runc_ok(&["start", &id]);
+    agent.wait_event(&id, "removed", Duration::from_secs(5));
+    cleanup(&id);
+    let (status, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert!(value("lookout_events_total{event=\"added\",source=\"runtime-hook\"}") >= 1.0);
+    assert!(value("lookout_events_total{event=\"removed\",source=\"runtime-hook\"}") >= 1.0);
+    // create, runc init re-exec, start at least.
+    assert!(value("lookout_permission_events_answered_total") >= 3.0);
+    assert_eq!(value("lookout_mode{mode=\"fanotify-ebpf\"}"), 1.0);
+    assert!(
+        metrics.contains("lookout_permission_answer_seconds_bucket"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("lookout_containers_tracked"), "{metrics}");
 }

@@ -47,8 +47,18 @@ impl std::fmt::Debug for Rescan {
     }
 }
 
+/// Sees what the hook does, for metrics. Called on the hook's task: keep
+/// it cheap (atomics).
+pub trait Observer: Send + Sync {
+    /// A permission event was answered after `elapsed`.
+    fn answered(&self, elapsed: Duration);
+    /// Something went wrong and was skipped; `kind` is a short stable label
+    /// (`argv`, `config`, `overflow`, `read`, `mark`).
+    fn error(&self, kind: &'static str);
+}
+
 /// How to start the hook.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// Where the host's root is mounted (`/` on the host).
     pub host_root: PathBuf,
@@ -61,6 +71,21 @@ pub struct Config {
     /// Look for newly installed runtime binaries (cheap: a few dozen
     /// `stat`s per rescan).
     pub rescan: Option<Rescan>,
+    /// Metrics hooks.
+    pub observer: Option<std::sync::Arc<dyn Observer>>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("host_root", &self.host_root)
+            .field("binaries", &self.binaries)
+            .field("bpf_object", &self.bpf_object.as_ref().map(Vec::len))
+            .field("answer_deadline", &self.answer_deadline)
+            .field("rescan", &self.rescan)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
 }
 
 impl Config {
@@ -72,6 +97,7 @@ impl Config {
             bpf_object: None,
             answer_deadline: Duration::from_secs(2),
             rescan: None,
+            observer: None,
         }
     }
 }
@@ -264,7 +290,7 @@ impl RuntimeHook {
                 r = self.group.read_events(&mut events) => {
                     if let Err(e) = r {
                         tracing::error!(%e, "reading fanotify events");
-                        self.stats.errors += 1;
+                        note_error(&mut self.stats, self.config.observer.as_deref(), "read");
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     for ev in events.drain(..) {
@@ -279,7 +305,7 @@ impl RuntimeHook {
                             if !self.marked.contains(&path)
                                 && let Err(e) = self.watch_binary(&path)
                             {
-                                self.stats.errors += 1;
+                                note_error(&mut self.stats, self.config.observer.as_deref(), "mark");
                                 tracing::warn!(%e, "cannot watch a newly found runtime binary");
                             }
                         }
@@ -295,7 +321,7 @@ impl RuntimeHook {
     fn handle(&mut self, mut ev: Event, sink: &mut dyn Sink) {
         if ev.is_overflow() {
             tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
-            self.stats.errors += 1;
+            note_error(&mut self.stats, self.config.observer.as_deref(), "overflow");
             return;
         }
         let Some(perm) = ev.take_permission() else {
@@ -337,6 +363,9 @@ impl RuntimeHook {
         }
         let us = start.elapsed().as_micros() as u64;
         self.stats.answered += 1;
+        if let Some(o) = &self.config.observer {
+            o.answered(start.elapsed());
+        }
         self.stats.slowest_answer_us = self.stats.slowest_answer_us.max(us);
         if start.elapsed() > self.config.answer_deadline {
             tracing::warn!(
@@ -372,7 +401,7 @@ impl RuntimeHook {
         let inv = match argv::parse(argv, binary) {
             Ok(inv) => inv,
             Err(e) => {
-                self.stats.errors += 1;
+                note_error(&mut self.stats, self.config.observer.as_deref(), "argv");
                 tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
                 if let Some(perm) = perm {
                     answer(perm);
@@ -433,7 +462,7 @@ impl RuntimeHook {
         let config = bundle.as_ref().and_then(|b| {
             read_config(&self.host(b), args.config.as_deref())
                 .map_err(|e| {
-                    self.stats.errors += 1;
+                    note_error(&mut self.stats, self.config.observer.as_deref(), "config");
                     tracing::warn!(id = args.id, %e, "cannot read the container's config");
                 })
                 .ok()
@@ -615,6 +644,13 @@ impl RuntimeHook {
                 "dropped stale pending creates"
             );
         }
+    }
+}
+
+fn note_error(stats: &mut Stats, observer: Option<&dyn Observer>, kind: &'static str) {
+    stats.errors += 1;
+    if let Some(o) = observer {
+        o.error(kind);
     }
 }
 

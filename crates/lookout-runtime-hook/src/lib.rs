@@ -38,7 +38,7 @@ mod scan;
 pub mod state;
 
 pub use capture::{ExecCapture, ExecRecord};
-pub use hook::{Config, Rescan, RuntimeHook, Sink, Stats};
+pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, Stats};
 pub use scan::{Scanner, scan_state};
 
 use std::path::PathBuf;
