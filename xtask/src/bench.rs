@@ -76,7 +76,7 @@ impl Agent {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !std::fs::read_to_string(&agent.err)
             .unwrap_or_default()
-            .contains("ready")
+            .contains("lookout::run: ready")
         {
             if Instant::now() > deadline {
                 bail!(

@@ -51,7 +51,7 @@ impl Agent {
             stderr,
             _dir: dir,
         };
-        agent.wait_log("ready", Duration::from_secs(20));
+        agent.wait_log("lookout::run: ready", Duration::from_secs(20));
         agent
     }
 
@@ -774,7 +774,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&stderr)
         .unwrap_or_default()
-        .contains("ready")
+        .contains("lookout::run: ready")
     {
         assert!(Instant::now() < deadline, "agent not ready");
         std::thread::sleep(Duration::from_millis(10));
@@ -888,4 +888,34 @@ fn health_readiness_and_metrics_endpoints() {
         "{metrics}"
     );
     assert!(metrics.contains("lookout_containers_tracked"), "{metrics}");
+}
+
+#[test]
+fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
+    if !ready("busy_host") {
+        return;
+    }
+    // Regression: the BPF program used to reserve ring space for every exec
+    // on the host and discard it after the name check; discarded records
+    // hold their space until user space consumes them, which it only does
+    // on a runtime exec. A few hundred ordinary execs filled the ring and
+    // the next runtime exec lost its argv (and its container).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let agent = Agent::start(&[]);
+    for _ in 0..400 {
+        Command::new("/bin/true").status().expect("exec true");
+    }
+    let id = id("busy-host");
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    runc_ok(&["start", &id]);
+    let added = agent.wait_event(&id, "added", Duration::from_secs(5));
+    assert_eq!(added["container"]["status"], "created");
+    cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success());
+    assert!(
+        !log.contains("without a BPF argv record tid"),
+        "a runtime exec lost its argv:\n{log}"
+    );
 }

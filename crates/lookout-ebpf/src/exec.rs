@@ -5,7 +5,7 @@ use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
 };
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{HashMap, RingBuf};
+use aya_ebpf::maps::{HashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::TracePointContext;
 use lookout_ebpf_common::{
     ARG_LEN, ARGS_SIZE, EXEC_EVENTS_BYTES, EXEC_FILTER_CAPACITY, EXEC_FLAG_EXECVEAT, EXEC_FLAG_TRUNCATED,
@@ -19,6 +19,14 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 
 #[map]
 static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
+
+/// Per-CPU scratch space for the file name: the filter runs on it before
+/// anything is reserved in the ring buffer. (Reserving first and
+/// discarding costs ring space for *every* exec on the host until user
+/// space consumes it, so a busy host filled the ring between runtime execs
+/// and runtime execs lost their records.)
+#[map]
+static SCRATCH: PerCpuArray<[u8; FILENAME_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static EXEC_FILTER: HashMap<ExecFilterKey, u8> = HashMap::with_max_entries(EXEC_FILTER_CAPACITY, 0);
@@ -37,22 +45,15 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     // SAFETY: as above.
     let argv: u64 = unsafe { ctx.read_at(argv_off) }?;
 
-    // Reserve first and read the file name straight into the record: the
-    // BPF stack (512 bytes) cannot hold it next to everything else.
-    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
+    let Some(name) = SCRATCH.get_ptr_mut(0) else {
         return Err(-1);
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points to reserved ring buffer memory of ExecEvent::SIZE
-    // bytes that only this program writes until submit/discard.
-    let name_len = match unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut (*ev).filename) } {
+    // SAFETY: `name` points to this CPU's scratch slot, which only this
+    // program uses and which cannot be preempted away mid-program.
+    let name_len = match unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut *name) } {
         Ok(s) => s.len(),
-        Err(e) => {
-            entry.discard(BPF_RB_NO_WAKEUP);
-            return Err(e as i64);
-        }
+        Err(e) => return Err(e as i64),
     };
-
     // The filter key is the last (up to) 16 bytes of the basename. Scan
     // backwards at most 17 bytes for the last '/', and stop at the first
     // one: a loop whose only branch exits keeps the verifier's work linear
@@ -65,7 +66,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         }
         let idx = (name_len - 1 - back) & (FILENAME_LEN - 1);
         // SAFETY: idx < FILENAME_LEN by the mask.
-        if unsafe { (*ev).filename[idx] } == b'/' {
+        if unsafe { (*name)[idx] } == b'/' {
             start = idx + 1;
             break;
         }
@@ -79,14 +80,23 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
             break;
         }
         // SAFETY: idx < FILENAME_LEN.
-        key[k] = unsafe { (*ev).filename[idx] };
+        key[k] = unsafe { (*name)[idx] };
         k += 1;
     }
     // SAFETY: a lookup in our own map; the value is not kept.
     if unsafe { EXEC_FILTER.get(&key) }.is_none() {
-        entry.discard(BPF_RB_NO_WAKEUP);
         return Ok(());
     }
+
+    // A watched runtime: now take ring space and fill the record.
+    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
+        return Err(-1);
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points to reserved ring buffer memory of ExecEvent::SIZE
+    // bytes that only this program writes until submit; `name` is our
+    // scratch slot of the same length as the field.
+    unsafe { (*ev).filename = *name };
 
     let pid_tgid = bpf_get_current_pid_tgid();
     let mut off = 0usize;

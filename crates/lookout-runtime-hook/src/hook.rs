@@ -329,10 +329,22 @@ impl RuntimeHook {
         };
         let start = Instant::now();
         let tid = ev.pid().max(0) as u32;
-        let record = match self.capture.as_mut() {
+        let mut record = match self.capture.as_mut() {
             Some(c) => c.take(tid),
             None => None,
         };
+        // N.B. the ring buffer hands out records in order, so a record that
+        // another CPU reserved but has not committed yet hides the ones
+        // behind it, ours included, for a few microseconds. Look again
+        // briefly before treating the exec as one without argv (unless it
+        // is runc re-executing itself, which has no record by design).
+        if record.is_none() && self.capture.is_some() && !self.is_reexec(tid) {
+            let give_up = Instant::now() + Duration::from_millis(2);
+            while record.is_none() && Instant::now() < give_up {
+                std::thread::sleep(Duration::from_micros(20));
+                record = self.capture.as_mut().and_then(|c| c.take(tid));
+            }
+        }
         // The binary's name: from the exec'd path the BPF record carries,
         // else from the event's fd (a readlink, the slower way).
         let binary = match &record {
@@ -352,6 +364,7 @@ impl RuntimeHook {
             None if self.is_reexec(tid) => answer(perm),
             None => {
                 self.stats.missing_argv += 1;
+                tracing::debug!(tid, binary, "runtime exec without a BPF argv record");
                 // Without argv (no BPF, or an exec path the programs do not
                 // see) let the exec go and learn about it from its state.
                 let before = proc::cmdline(tid);
