@@ -101,6 +101,26 @@ fn bpf_err(what: &str, e: impl std::error::Error) -> Error {
     Error::Bpf(format!("{what}: {s}"))
 }
 
+/// Loads program `prog` from the object and attaches it to tracepoint
+/// `category/name`.
+fn attach_tracepoint(
+    ebpf: &mut aya::Ebpf,
+    prog: &str,
+    category: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| Error::Bpf(format!("program {prog} missing from the object")))?
+        .try_into()
+        .map_err(|e| bpf_err(prog, e))?;
+    p.load()
+        .map_err(|e| bpf_err(&format!("loading {prog}"), e))?;
+    p.attach(category, name)
+        .map_err(|e| bpf_err(&format!("attaching {prog} to {category}/{name}"), e))?;
+    Ok(())
+}
+
 impl ExecCapture {
     /// Loads and attaches the programs; only execs of files called one of
     /// `names` are captured.
@@ -113,20 +133,13 @@ impl ExecCapture {
         let mut ebpf = loader
             .load(object)
             .map_err(|e| bpf_err("loading the BPF object", e))?;
-        for (prog, tp) in [
-            (EXECVE_PROGRAM, "sys_enter_execve"),
-            (EXECVEAT_PROGRAM, "sys_enter_execveat"),
-        ] {
-            let p: &mut TracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| Error::Bpf(format!("program {prog} missing from the object")))?
-                .try_into()
-                .map_err(|e| bpf_err(prog, e))?;
-            p.load()
-                .map_err(|e| bpf_err(&format!("loading {prog}"), e))?;
-            p.attach("syscalls", tp)
-                .map_err(|e| bpf_err(&format!("attaching {prog} to syscalls/{tp}"), e))?;
-        }
+        attach_tracepoint(&mut ebpf, EXECVE_PROGRAM, "syscalls", "sys_enter_execve")?;
+        attach_tracepoint(
+            &mut ebpf,
+            EXECVEAT_PROGRAM,
+            "syscalls",
+            "sys_enter_execveat",
+        )?;
         let ring = RingBuf::try_from(
             ebpf.take_map(EXEC_EVENTS_MAP)
                 .ok_or_else(|| Error::Bpf(format!("map {EXEC_EVENTS_MAP} missing")))?,
@@ -163,15 +176,7 @@ impl ExecCapture {
     }
 
     fn load_exit(ebpf: &mut aya::Ebpf) -> Result<ExitCodes, Error> {
-        let p: &mut TracePoint = ebpf
-            .program_mut(EXIT_PROGRAM)
-            .ok_or_else(|| Error::Bpf(format!("program {EXIT_PROGRAM} missing from the object")))?
-            .try_into()
-            .map_err(|e| bpf_err(EXIT_PROGRAM, e))?;
-        p.load()
-            .map_err(|e| bpf_err(&format!("loading {EXIT_PROGRAM}"), e))?;
-        p.attach("sched", "sched_process_exit")
-            .map_err(|e| bpf_err(&format!("attaching {EXIT_PROGRAM}"), e))?;
+        attach_tracepoint(ebpf, EXIT_PROGRAM, "sched", "sched_process_exit")?;
         let take = |ebpf: &mut aya::Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| Error::Bpf(format!("map {name} missing")))
