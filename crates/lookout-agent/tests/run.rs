@@ -919,3 +919,85 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
         "a runtime exec lost its argv:\n{log}"
     );
 }
+
+#[test]
+fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
+    if !ready("no_fanotify_scan") {
+        return;
+    }
+    // What a locked-down node looks like: fanotify_init fails. The agent
+    // must not exit (that is CrashLoopBackOff in Kubernetes): it scans.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stderr = dir.path().join("stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+    cmd.args([
+        "run",
+        "--output",
+        "json",
+        "--listen",
+        "127.0.0.1:0",
+        "--scan-interval",
+        "100ms",
+    ])
+    .env_remove("NODE_NAME")
+    .env_remove("KUBECONFIG")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&stderr).expect("stderr"));
+    lookout_testsupport::Restrictions::new()
+        .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
+        .apply(&mut cmd)
+        .expect("restrict");
+    let mut child = cmd.spawn().expect("spawn");
+    let out = child.stdout.take().expect("stdout");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&lines);
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&stderr)
+        .unwrap_or_default()
+        .contains("lookout::run: ready")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not ready:\n{}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "2"], |_| {});
+    let id = id("no-fanotify");
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = lines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|l| {
+                l.contains(&format!("\"id\":\"{id}\""))
+                    && l.contains("\"event\":\"added\"")
+                    && l.contains("state-scan")
+            });
+        if seen {
+            break;
+        }
+        assert!(Instant::now() < deadline, "scan mode never reported {id}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cleanup(&id);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "exit status {status:?}");
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(log.contains("discovery mode scan"), "{log}");
+    assert!(
+        log.contains("fanotify_init: ENOSYS"),
+        "the log must say why: {log}"
+    );
+}
