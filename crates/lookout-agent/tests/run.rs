@@ -764,13 +764,22 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     // SAFETY: fcntl on our own fd.
     unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
     let stderr = dir.path().join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lookout"))
-        .args(["run", "--output", "json", "--event-deadline", "100ms"])
+    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args([
+            "run",
+            "--output",
+            "json",
+            "--event-deadline",
+            "100ms",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::from(write_end))
         .stderr(std::fs::File::create(&stderr).expect("stderr"))
         .spawn()
         .expect("spawn");
+    let mut child = KillOnDrop(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&stderr)
         .unwrap_or_default()
@@ -814,8 +823,19 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
         }
     }
     assert_eq!(added, ids);
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+}
+
+/// Kills a raw child agent even when the test panics, so a failed test
+/// leaves no agent marking the runtimes behind.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A plain HTTP/1.1 GET against the agent: (status, body).
@@ -948,8 +968,8 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
         .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
         .apply(&mut cmd)
         .expect("restrict");
-    let mut child = cmd.spawn().expect("spawn");
-    let out = child.stdout.take().expect("stdout");
+    let mut child = KillOnDrop(cmd.spawn().expect("spawn"));
+    let out = child.0.stdout.take().expect("stdout");
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = Arc::clone(&lines);
     std::thread::spawn(move || {
@@ -991,8 +1011,8 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     }
     cleanup(&id);
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().expect("wait");
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = child.0.wait().expect("wait");
     assert!(status.success(), "exit status {status:?}");
     let log = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(log.contains("discovery mode scan"), "{log}");
