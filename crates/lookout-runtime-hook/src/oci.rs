@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -56,9 +57,19 @@ pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Er
             real_bundle.display()
         )));
     }
-    let file = std::fs::File::open(&real).map_err(|e| err(e.to_string()))?;
-    let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+    // Check the type before opening: opening a FIFO (or some devices)
+    // blocks, and this runs while a runtime exec waits on us.
+    let meta = std::fs::metadata(&real).map_err(|e| err(e.to_string()))?;
     if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    // O_NONBLOCK as well, in case it was swapped for a FIFO in between.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&real)
+        .map_err(|e| err(e.to_string()))?;
+    if !file.metadata().map_err(|e| err(e.to_string()))?.is_file() {
         return Err(err("not a regular file".into()));
     }
     let mut bytes = Vec::new();
@@ -106,5 +117,19 @@ mod tests {
 
         let missing = tempfile::tempdir().expect("tempdir");
         assert!(read_config(missing.path(), None).is_err());
+
+        // A FIFO must be refused at once, not block the reader.
+        let fifo = tempfile::tempdir().expect("tempdir");
+        let path = std::ffi::CString::new(
+            fifo.path()
+                .join("config.json")
+                .as_os_str()
+                .as_encoded_bytes(),
+        )
+        .expect("no NUL");
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let e = read_config(fifo.path(), None).expect_err("a fifo");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }
