@@ -333,56 +333,63 @@ impl RuntimeHook {
             Some(c) => c.take(tid),
             None => None,
         };
+        // runc re-executing itself (`runc init`, once per container) has no
+        // record by design: answer it at once, with one readlink.
+        if record.is_none() && self.is_reexec(tid) {
+            answer(perm);
+            self.answered(start);
+            return;
+        }
         // N.B. the ring buffer hands out records in order, so a record that
         // another CPU reserved but has not committed yet hides the ones
         // behind it, ours included, for a few microseconds. Look again
-        // briefly before treating the exec as one without argv (unless it
-        // is runc re-executing itself, which has no record by design).
-        if record.is_none() && self.capture.is_some() && !self.is_reexec(tid) {
+        // briefly before treating the exec as one without argv.
+        if record.is_none() && self.capture.is_some() {
             let give_up = Instant::now() + Duration::from_millis(2);
             while record.is_none() && Instant::now() < give_up {
                 std::thread::sleep(Duration::from_micros(20));
                 record = self.capture.as_mut().and_then(|c| c.take(tid));
             }
         }
-        // The binary's name: from the exec'd path the BPF record carries,
-        // else from the event's fd (a readlink, the slower way).
-        let binary = match &record {
-            Some(r) => basename(&r.filename),
-            None => std::fs::read_link(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
-            ))
-            .ok()
-            .map(|p| basename(&p.to_string_lossy()))
-            .unwrap_or_default(),
-        };
         match record {
             // After execve the process id is the tgid even when another
-            // thread called it; the thread's cwd is the process's.
-            Some(r) => self.on_exec(r.tgid, &binary, &r.argv, perm, sink),
-            None if self.is_reexec(tid) => answer(perm),
+            // thread called it; the thread's cwd is the process's. The
+            // binary's name comes from the exec'd path in the record.
+            Some(r) => self.on_exec(r.tgid, &basename(&r.filename), &r.argv, perm, sink),
             None => {
                 self.stats.missing_argv += 1;
+                let binary = std::fs::read_link(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
+                ))
+                .map(|p| basename(&p.to_string_lossy()))
+                .unwrap_or_default();
                 tracing::debug!(tid, binary, "runtime exec without a BPF argv record");
                 // Without argv (no BPF, or an exec path the programs do not
                 // see) let the exec go and learn about it from its state.
-                let before = proc::cmdline(tid);
+                // fanotify-only mode snapshots the pre-exec cmdline so that
+                // it can tell when the new one appears.
+                let before = self.capture.is_none().then(|| proc::cmdline(tid)).flatten();
                 answer(perm);
                 if self.capture.is_none() {
                     self.spawn_late_argv(tid, binary, before);
                 }
             }
         }
-        let us = start.elapsed().as_micros() as u64;
+        self.answered(start);
+    }
+
+    /// Bookkeeping after a permission event was answered.
+    fn answered(&mut self, start: Instant) {
+        let elapsed = start.elapsed();
         self.stats.answered += 1;
+        self.stats.slowest_answer_us = self.stats.slowest_answer_us.max(elapsed.as_micros() as u64);
         if let Some(o) = &self.config.observer {
-            o.answered(start.elapsed());
+            o.answered(elapsed);
         }
-        self.stats.slowest_answer_us = self.stats.slowest_answer_us.max(us);
-        if start.elapsed() > self.config.answer_deadline {
+        if elapsed > self.config.answer_deadline {
             tracing::warn!(
-                us,
+                ?elapsed,
                 "a runtime exec waited on lookout longer than the deadline"
             );
         }
