@@ -127,6 +127,17 @@ impl Fanotify {
         Builder::default()
     }
 
+    /// Another handle on the same group (the same open file, not a `dup`):
+    /// for example one thread reads and answers events while another adds
+    /// marks. The group closes when the last handle and the last
+    /// [`Permission`](crate::Permission) guard are gone.
+    pub fn share(&self) -> Fanotify {
+        Fanotify {
+            fd: Arc::clone(&self.fd),
+            nonblocking: self.nonblocking,
+        }
+    }
+
     /// Adds `mask` to the mark on `path` (`FAN_MARK_ADD`).
     #[doc(alias = "fanotify_mark")]
     pub fn add_mark(&self, path: &Path, flags: MarkFlags, mask: Mask) -> Result<(), Error> {

@@ -7,7 +7,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use aya::programs::TracePoint;
 use lookout_ebpf_common::{
     ARGS_SIZE, EXEC_EVENTS_MAP, EXEC_FILTER_MAP, EXEC_FLAG_TRUNCATED, EXECVE_PROGRAM,
-    EXECVEAT_PROGRAM, EXIT_CODES_MAP, EXIT_PROGRAM, ExecEvent, ExecFilterKey,
+    EXECVEAT_PROGRAM, EXIT_CODES_MAP, EXIT_PROGRAM, ExecEvent, ExecFilterKey, FILENAME_LEN,
     TASK_EXIT_CODE_OFFSET_GLOBAL, WATCHED_PIDS_MAP, exec_filter_key,
 };
 
@@ -34,35 +34,104 @@ pub struct ExecRecord {
 }
 
 impl ExecRecord {
-    /// Decodes a ring buffer record.
+    /// Decodes a ring buffer record in place (a record is ~4.6 KiB, most
+    /// of it unused: only the used bytes are read).
     pub fn from_bytes(bytes: &[u8]) -> Option<ExecRecord> {
+        use std::mem::offset_of;
         if bytes.len() < ExecEvent::SIZE {
             return None;
         }
-        // SAFETY: `bytes` holds at least size_of::<ExecEvent>() bytes, and
-        // ExecEvent is a plain repr(C) struct of integers and byte arrays,
-        // valid for any bit pattern; read_unaligned copes with alignment.
-        let ev: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        let nul = ev
-            .filename
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(ev.filename.len());
-        let filename = String::from_utf8_lossy(&ev.filename[..nul]).into_owned();
-        let len = (ev.args_len as usize).min(ARGS_SIZE);
-        let argv = ev.args[..len]
+        let u32_at = |off: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(
+                bytes.get(off..off + 4)?.try_into().ok()?,
+            ))
+        };
+        let u64_at = |off: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(
+                bytes.get(off..off + 8)?.try_into().ok()?,
+            ))
+        };
+        let name_at = offset_of!(ExecEvent, filename);
+        let name = bytes.get(name_at..name_at + FILENAME_LEN)?;
+        let nul = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        let filename = String::from_utf8_lossy(&name[..nul]).into_owned();
+        let len = (u32_at(offset_of!(ExecEvent, args_len))? as usize).min(ARGS_SIZE);
+        let args_at = offset_of!(ExecEvent, args);
+        let argc = u32_at(offset_of!(ExecEvent, argc))? as usize;
+        let argv = bytes
+            .get(args_at..args_at + len)?
             .split(|&b| b == 0)
-            .take(ev.argc as usize)
+            .take(argc)
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect();
         Some(ExecRecord {
-            tgid: ev.tgid,
-            tid: ev.tid,
-            ktime_ns: ev.ktime_ns,
+            tgid: u32_at(offset_of!(ExecEvent, tgid))?,
+            tid: u32_at(offset_of!(ExecEvent, tid))?,
+            ktime_ns: u64_at(offset_of!(ExecEvent, ktime_ns))?,
             filename,
             argv,
-            truncated: ev.flags & EXEC_FLAG_TRUNCATED != 0,
+            truncated: u32_at(offset_of!(ExecEvent, flags))? & EXEC_FLAG_TRUNCATED != 0,
         })
+    }
+}
+
+/// The consumer side of the argv ring buffer, movable to the thread that
+/// answers permission events (see [`ExecCapture::take_ring`]).
+pub struct ArgvRing {
+    ring: RingBuf<MapData>,
+    pending: HashMap<u32, ExecRecord>,
+}
+
+impl std::fmt::Debug for ArgvRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArgvRing")
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArgvRing {
+    /// Moves every record from the ring buffer into the pending table.
+    pub fn drain(&mut self) {
+        self.drain_until(None);
+    }
+
+    /// Drains the ring into the pending table, stopping early at (and
+    /// returning) a record of thread `want`.
+    fn drain_until(&mut self, want: Option<u32>) -> Option<ExecRecord> {
+        let mut found = None;
+        while let Some(item) = self.ring.next() {
+            if let Some(rec) = ExecRecord::from_bytes(&item) {
+                if Some(rec.tid) == want {
+                    found = Some(rec);
+                    break;
+                }
+                self.pending.insert(rec.tid, rec);
+            }
+        }
+        if self.pending.len() > MAX_PENDING {
+            // Execs whose fanotify event never came (failed PATH lookups,
+            // execs of an unmarked file with a watched name): drop the oldest.
+            let mut times: Vec<u64> = self.pending.values().map(|r| r.ktime_ns).collect();
+            times.sort_unstable();
+            let cut = times[self.pending.len() - MAX_PENDING / 2];
+            self.pending.retain(|_, r| r.ktime_ns >= cut);
+        }
+        found
+    }
+
+    /// The latest record of thread `tid`, if any.
+    pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
+        // A thread execs one file at a time, and its record is written
+        // before its fanotify event: a record of `tid` still in the ring is
+        // newer than one in the table.
+        match self.drain_until(Some(tid)) {
+            Some(rec) => {
+                self.pending.remove(&tid);
+                Some(rec)
+            }
+            None => self.pending.remove(&tid),
+        }
     }
 }
 
@@ -70,9 +139,8 @@ impl ExecRecord {
 pub struct ExecCapture {
     // Keeps the programs attached; dropping it detaches them.
     _ebpf: aya::Ebpf,
-    ring: RingBuf<MapData>,
+    ring: Option<ArgvRing>,
     filter: BpfHashMap<MapData, ExecFilterKey, u8>,
-    pending: HashMap<u32, ExecRecord>,
     exit: Option<ExitCodes>,
 }
 
@@ -85,8 +153,8 @@ struct ExitCodes {
 impl std::fmt::Debug for ExecCapture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecCapture")
-            .field("pending", &self.pending.len())
-            .finish()
+            .field("ring", &self.ring)
+            .finish_non_exhaustive()
     }
 }
 
@@ -164,9 +232,11 @@ impl ExecCapture {
         };
         let mut capture = ExecCapture {
             _ebpf: ebpf,
-            ring,
+            ring: Some(ArgvRing {
+                ring,
+                pending: HashMap::new(),
+            }),
             filter,
-            pending: HashMap::new(),
             exit,
         };
         for n in names {
@@ -215,27 +285,15 @@ impl ExecCapture {
             .map_err(|e| bpf_err(&format!("adding {name} to the exec filter"), e))
     }
 
-    /// Moves every record from the ring buffer into the pending table.
-    pub fn drain(&mut self) {
-        while let Some(item) = self.ring.next() {
-            if let Some(rec) = ExecRecord::from_bytes(&item) {
-                self.pending.insert(rec.tid, rec);
-            }
-        }
-        if self.pending.len() > MAX_PENDING {
-            // Execs whose fanotify event never came (failed PATH lookups,
-            // execs of an unmarked file with a watched name): drop the oldest.
-            let mut times: Vec<u64> = self.pending.values().map(|r| r.ktime_ns).collect();
-            times.sort_unstable();
-            let cut = times[self.pending.len() - MAX_PENDING / 2];
-            self.pending.retain(|_, r| r.ktime_ns >= cut);
-        }
+    /// Moves the ring buffer's consumer out, to be read on another
+    /// thread. Afterwards [`ExecCapture::take`] finds nothing.
+    pub fn take_ring(&mut self) -> Option<ArgvRing> {
+        self.ring.take()
     }
 
-    /// The latest record of thread `tid`, if any (drains first).
+    /// The latest record of thread `tid`, if any (drains the ring first).
     pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
-        self.drain();
-        self.pending.remove(&tid)
+        self.ring.as_mut()?.take(tid)
     }
 }
 

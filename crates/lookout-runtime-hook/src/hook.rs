@@ -1,19 +1,19 @@
 //! The runtime hook: one fanotify group with `FAN_OPEN_EXEC_PERM` marks on
 //! the runtime binaries, BPF argv capture, and the container state machine.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookout_fanotify::{
-    AsyncFanotify, Class, Event, Fanotify, MarkFlags, Mask, Permission, Report,
-};
+use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Permission, Report};
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
 use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
-use crate::oci::{OciConfig, read_config};
+use crate::gate::{Exec, Gate, Shared, answer};
+use crate::oci::{OciConfig, read_config_within};
 use crate::state::{default_root, read_pid_file, read_state};
 use crate::{Error, pidfd, proc};
 
@@ -47,8 +47,8 @@ impl std::fmt::Debug for Rescan {
     }
 }
 
-/// Sees what the hook does, for metrics. Called on the hook's task: keep
-/// it cheap (atomics).
+/// Sees what the hook does, for metrics. Called on the thread that answers
+/// permission events: keep it cheap (atomics).
 pub trait Observer: Send + Sync {
     /// A permission event was answered after `elapsed`.
     fn answered(&self, elapsed: Duration);
@@ -153,20 +153,31 @@ pub struct Stats {
 /// runs with [`RuntimeHook::scan`], then drive it with [`RuntimeHook::run`].
 pub struct RuntimeHook {
     config: Config,
-    group: AsyncFanotify,
+    group: Fanotify,
     capture: Option<ExecCapture>,
     pending: HashMap<String, Pending>,
     tracked: HashMap<String, Container>,
     notices_tx: mpsc::Sender<Notice>,
     notices_rx: mpsc::Receiver<Notice>,
-    stats: Stats,
-    marked: HashSet<PathBuf>,
+    shared: Arc<Shared>,
+    execs: mpsc::Receiver<Exec>,
+    gate: Gate,
+}
+
+impl Drop for RuntimeHook {
+    fn drop(&mut self) {
+        // Closing the channel first lets a gate blocked on a full channel
+        // go on (its message, and the exec in it, is allowed on drop).
+        self.execs.close();
+        while self.execs.try_recv().is_ok() {}
+        self.gate.stop();
+    }
 }
 
 impl std::fmt::Debug for RuntimeHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RuntimeHook")
-            .field("marked", &self.marked)
+            .field("marked", &self.shared.marked)
             .field("tracked", &self.tracked.len())
             .field("pending", &self.pending.len())
             .finish()
@@ -187,7 +198,7 @@ impl RuntimeHook {
             .collect();
         // BPF first: once a binary is marked, an exec without a record is
         // one we can only allow blindly.
-        let capture = match &config.bpf_object {
+        let mut capture = match &config.bpf_object {
             Some(obj) => Some(ExecCapture::load(obj, &names)?),
             None => None,
         };
@@ -196,7 +207,11 @@ impl RuntimeHook {
             .report(Report::TID)
             .init()
             .map_err(Error::Fanotify)?;
-        let group = AsyncFanotify::new(group).map_err(Error::Fanotify)?;
+        let shared = Arc::new(Shared::new(config.observer.clone(), config.answer_deadline));
+        let (exec_tx, execs) = mpsc::channel(1024);
+        let ring = capture.as_mut().and_then(ExecCapture::take_ring);
+        let gate = Gate::spawn(group.share(), ring, Arc::clone(&shared), exec_tx)
+            .map_err(|e| Error::Bpf(format!("starting the permission thread: {e}")))?;
         let (notices_tx, notices_rx) = mpsc::channel(1024);
         let mut hook = RuntimeHook {
             config,
@@ -206,8 +221,9 @@ impl RuntimeHook {
             tracked: HashMap::new(),
             notices_tx,
             notices_rx,
-            stats: Stats::default(),
-            marked: HashSet::new(),
+            shared,
+            execs,
+            gate,
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -218,7 +234,7 @@ impl RuntimeHook {
 
     /// Marks another runtime binary (found by a later rescan).
     pub fn watch_binary(&mut self, path: &Path) -> Result<(), Error> {
-        if self.marked.contains(path) {
+        if self.is_marked(path) {
             return Ok(());
         }
         if let (Some(c), Some(name)) = (
@@ -227,13 +243,26 @@ impl RuntimeHook {
         ) {
             c.watch_name(name)?;
         }
-        self.group
-            .get_ref()
+        // Known before the mark exists, so that the first `runc init`
+        // through the new binary is recognised.
+        if let Ok(mut m) = self.shared.marked.write() {
+            m.insert(path.to_path_buf());
+        }
+        if let Err(e) = self
+            .group
             .add_mark(path, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
-            .map_err(Error::Fanotify)?;
+        {
+            if let Ok(mut m) = self.shared.marked.write() {
+                m.remove(path);
+            }
+            return Err(Error::Fanotify(e));
+        }
         tracing::info!(binary = %path.display(), "watching runtime binary");
-        self.marked.insert(path.to_path_buf());
         Ok(())
+    }
+
+    fn is_marked(&self, path: &Path) -> bool {
+        self.shared.marked.read().is_ok_and(|m| m.contains(path))
     }
 
     /// Whether argv is captured by BPF.
@@ -243,7 +272,7 @@ impl RuntimeHook {
 
     /// Counters so far.
     pub fn stats(&self) -> Stats {
-        self.stats
+        self.shared.stats()
     }
 
     /// Containers currently tracked.
@@ -276,7 +305,6 @@ impl RuntimeHook {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Stats {
         tokio::pin!(shutdown);
-        let mut events: Vec<Event> = Vec::new();
         let mut sweep = tokio::time::interval(Duration::from_secs(10));
         let rescan = self.config.rescan.clone();
         let mut rescan_tick = tokio::time::interval(
@@ -287,25 +315,16 @@ impl RuntimeHook {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                r = self.group.read_events(&mut events) => {
-                    if let Err(e) = r {
-                        tracing::error!(%e, "reading fanotify events");
-                        note_error(&mut self.stats, self.config.observer.as_deref(), "read");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    for ev in events.drain(..) {
-                        self.handle(ev, sink);
-                    }
-                }
+                Some(x) = self.execs.recv() => self.on_exec(x, sink),
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
                 _ = sweep.tick() => self.sweep(),
                 _ = rescan_tick.tick(), if rescan.is_some() => {
                     if let Some(r) = &rescan {
                         for path in (r.find)() {
-                            if !self.marked.contains(&path)
+                            if !self.is_marked(&path)
                                 && let Err(e) = self.watch_binary(&path)
                             {
-                                note_error(&mut self.stats, self.config.observer.as_deref(), "mark");
+                                self.shared.error("mark");
                                 tracing::warn!(%e, "cannot watch a newly found runtime binary");
                             }
                         }
@@ -313,97 +332,28 @@ impl RuntimeHook {
                 }
             }
         }
-        // Answer whatever is queued before the group closes.
-        let _ = self.group.get_ref().drain();
-        self.stats
+        // Dropping `self` answers everything still queued (see Drop).
+        self.shared.stats()
     }
 
-    fn handle(&mut self, mut ev: Event, sink: &mut dyn Sink) {
-        if ev.is_overflow() {
-            tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
-            note_error(&mut self.stats, self.config.observer.as_deref(), "overflow");
-            return;
-        }
-        let Some(perm) = ev.take_permission() else {
-            return;
-        };
-        let start = Instant::now();
-        let tid = ev.pid().max(0) as u32;
-        let mut record = match self.capture.as_mut() {
-            Some(c) => c.take(tid),
-            None => None,
-        };
-        // runc re-executing itself (`runc init`, once per container) has no
-        // record by design: answer it at once, with one readlink.
-        if record.is_none() && self.is_reexec(tid) {
-            answer(perm);
-            self.answered(start);
-            return;
-        }
-        // N.B. the ring buffer hands out records in order, so a record that
-        // another CPU reserved but has not committed yet hides the ones
-        // behind it, ours included, for a few microseconds. Look again
-        // briefly before treating the exec as one without argv.
-        if record.is_none() && self.capture.is_some() {
-            let give_up = Instant::now() + Duration::from_millis(2);
-            while record.is_none() && Instant::now() < give_up {
-                std::thread::sleep(Duration::from_micros(20));
-                record = self.capture.as_mut().and_then(|c| c.take(tid));
+    /// A runtime exec handed over by the permission thread.
+    fn on_exec(&mut self, exec: Exec, sink: &mut dyn Sink) {
+        match exec {
+            Exec::Command {
+                pid,
+                inv,
+                perm,
+                since,
+            } => {
+                self.on_invocation(pid, &inv, Some(perm), sink);
+                self.shared.answered(since);
             }
+            Exec::Unseen {
+                tid,
+                binary,
+                before,
+            } => self.spawn_late_argv(tid, binary, before),
         }
-        match record {
-            // After execve the process id is the tgid even when another
-            // thread called it; the thread's cwd is the process's. The
-            // binary's name comes from the exec'd path in the record.
-            Some(r) => self.on_exec(r.tgid, &basename(&r.filename), &r.argv, perm, sink),
-            None => {
-                self.stats.missing_argv += 1;
-                let binary = std::fs::read_link(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
-                ))
-                .map(|p| basename(&p.to_string_lossy()))
-                .unwrap_or_default();
-                tracing::debug!(tid, binary, "runtime exec without a BPF argv record");
-                // Without argv (no BPF, or an exec path the programs do not
-                // see) let the exec go and learn about it from its state.
-                // fanotify-only mode snapshots the pre-exec cmdline so that
-                // it can tell when the new one appears.
-                let before = self.capture.is_none().then(|| proc::cmdline(tid)).flatten();
-                answer(perm);
-                if self.capture.is_none() {
-                    self.spawn_late_argv(tid, binary, before);
-                }
-            }
-        }
-        self.answered(start);
-    }
-
-    /// Bookkeeping after a permission event was answered.
-    fn answered(&mut self, start: Instant) {
-        let elapsed = start.elapsed();
-        self.stats.answered += 1;
-        self.stats.slowest_answer_us = self.stats.slowest_answer_us.max(elapsed.as_micros() as u64);
-        if let Some(o) = &self.config.observer {
-            o.answered(elapsed);
-        }
-        if elapsed > self.config.answer_deadline {
-            tracing::warn!(
-                ?elapsed,
-                "a runtime exec waited on lookout longer than the deadline"
-            );
-        }
-    }
-
-    fn on_exec(
-        &mut self,
-        tgid: u32,
-        binary: &str,
-        argv: &[String],
-        perm: Permission,
-        sink: &mut dyn Sink,
-    ) {
-        self.on_argv(tgid, binary, argv, Some(perm), sink);
     }
 
     /// Acts on a runtime command line. `perm` is the exec's pending
@@ -418,28 +368,37 @@ impl RuntimeHook {
         perm: Option<Permission>,
         sink: &mut dyn Sink,
     ) {
-        let inv = match argv::parse(argv, binary) {
-            Ok(inv) => inv,
+        match argv::parse(argv, binary) {
+            Ok(inv) => self.on_invocation(pid, &inv, perm, sink),
             Err(e) => {
-                note_error(&mut self.stats, self.config.observer.as_deref(), "argv");
+                self.shared.error("argv");
                 tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
                 if let Some(perm) = perm {
                     answer(perm);
                 }
-                return;
             }
-        };
+        }
+    }
+
+    /// Acts on a parsed runtime command line; `perm` as for `on_argv`.
+    fn on_invocation(
+        &mut self,
+        pid: u32,
+        inv: &Invocation,
+        perm: Option<Permission>,
+        sink: &mut dyn Sink,
+    ) {
         match &inv.command {
             Command::Create(a) | Command::Run(a) => {
                 let id = a.id.clone();
-                self.on_create(pid, &inv);
+                self.on_create(pid, inv);
                 if let Some(perm) = perm {
                     answer(perm);
                 }
                 if matches!(inv.command, Command::Create(_)) {
                     self.spawn_exit_wait(pid, Notice::Created(id));
                 } else {
-                    self.spawn_state_wait(&inv, id, pid);
+                    self.spawn_state_wait(inv, id, pid);
                 }
             }
             Command::Start { id } => {
@@ -461,16 +420,6 @@ impl RuntimeHook {
         }
     }
 
-    /// Whether thread `tid` is a runtime re-executing itself (`runc init`
-    /// through `/proc/self/exe`): its current image is a marked binary.
-    fn is_reexec(&self, tid: u32) -> bool {
-        std::fs::read_link(format!("/proc/{tid}/exe")).is_ok_and(|exe| {
-            let exe = exe.to_string_lossy();
-            let exe = exe.trim_end_matches(" (deleted)");
-            self.marked.iter().any(|m| m.as_os_str() == exe)
-        })
-    }
-
     fn on_create(&mut self, tid: u32, inv: &Invocation) {
         let (args, status) = match &inv.command {
             Command::Create(a) => (a, Status::Created),
@@ -480,12 +429,16 @@ impl RuntimeHook {
         let cwd = proc::cwd(tid);
         let bundle = inv.bundle(cwd.as_deref());
         let config = bundle.as_ref().and_then(|b| {
-            read_config(&self.host(b), args.config.as_deref())
-                .map_err(|e| {
-                    note_error(&mut self.stats, self.config.observer.as_deref(), "config");
-                    tracing::warn!(id = args.id, %e, "cannot read the container's config");
-                })
-                .ok()
+            read_config_within(
+                &self.host(b),
+                args.config.as_deref(),
+                self.config.answer_deadline,
+            )
+            .map_err(|e| {
+                self.shared.error("config");
+                tracing::warn!(id = args.id, %e, "cannot read the container's config");
+            })
+            .ok()
         });
         let root = inv
             .root
@@ -664,23 +617,6 @@ impl RuntimeHook {
                 "dropped stale pending creates"
             );
         }
-    }
-}
-
-fn note_error(stats: &mut Stats, observer: Option<&dyn Observer>, kind: &'static str) {
-    stats.errors += 1;
-    if let Some(o) = observer {
-        o.error(kind);
-    }
-}
-
-fn basename(path: &str) -> String {
-    path.rsplit('/').next().unwrap_or(path).to_owned()
-}
-
-fn answer(perm: Permission) {
-    if let Err(e) = perm.allow() {
-        tracing::warn!(%e, "answering a permission event");
     }
 }
 

@@ -29,6 +29,7 @@
 pub mod argv;
 mod btf;
 mod capture;
+mod gate;
 mod hook;
 pub mod oci;
 mod pidfd;
@@ -37,7 +38,7 @@ mod run_watch;
 mod scan;
 pub mod state;
 
-pub use capture::{ExecCapture, ExecRecord};
+pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, Stats};
 pub use scan::{Scanner, scan_state};
 

@@ -82,6 +82,62 @@ pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Er
     serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))
 }
 
+/// Reader threads that are stuck on a hung file system at most; past this,
+/// [`read_config_within`] does not start another one.
+pub const MAX_STUCK_READERS: usize = 8;
+
+static STUCK_READERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`read_config`] on a helper thread, waiting at most `deadline`.
+///
+/// A bundle on a hung file system (a FUSE daemon that stopped answering, an
+/// NFS server gone away) blocks `open`/`read` in the kernel where no signal
+/// or timeout reaches it. The runtime's exec waits on lookout while the
+/// config is read, so the read must not be allowed to take longer than the
+/// deadline: the caller then goes on without the config. The helper thread
+/// stays blocked until the file system answers; at most
+/// [`MAX_STUCK_READERS`] such threads exist at once.
+pub fn read_config_within(
+    bundle: &Path,
+    config: Option<&Path>,
+    deadline: std::time::Duration,
+) -> Result<OciConfig, Error> {
+    let path = bundle.join(config.unwrap_or(Path::new("config.json")));
+    let (bundle, config) = (bundle.to_path_buf(), config.map(Path::to_path_buf));
+    bounded(deadline, move || read_config(&bundle, config.as_deref())).unwrap_or_else(|why| {
+        Err(Error::Config {
+            path,
+            reason: why.to_owned(),
+        })
+    })
+}
+
+/// Runs `f` on a helper thread and waits at most `deadline` for it.
+fn bounded<T: Send + 'static>(
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, &'static str> {
+    use std::sync::atomic::Ordering;
+    if STUCK_READERS.fetch_add(1, Ordering::AcqRel) >= MAX_STUCK_READERS {
+        STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+        return Err("skipped: earlier reads are still hung on their file systems");
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("lookout-config".into())
+        .spawn(move || {
+            let out = f();
+            STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+            let _ = tx.send(out);
+        });
+    if spawned.is_err() {
+        STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+        return Err("cannot start a reader thread");
+    }
+    rx.recv_timeout(deadline)
+        .map_err(|_| "not read within the deadline (a hung file system?)")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +187,44 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
         let e = read_config(fifo.path(), None).expect_err("a fifo");
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_read_that_hangs_is_abandoned_at_the_deadline_and_hung_readers_are_capped() {
+        use std::sync::{Arc, Barrier};
+        use std::time::{Duration, Instant};
+        // Stand-ins for reads blocked on a hung file system: they wait
+        // until the test releases them.
+        let release = Arc::new(Barrier::new(MAX_STUCK_READERS + 1));
+        for _ in 0..MAX_STUCK_READERS {
+            let r = Arc::clone(&release);
+            let t = Instant::now();
+            let out = bounded(Duration::from_millis(20), move || {
+                r.wait();
+            });
+            assert!(out.is_err());
+            assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        }
+        // All slots are taken: the next read is refused without a thread.
+        let out = bounded(Duration::from_secs(5), || 1);
+        assert_eq!(
+            out,
+            Err("skipped: earlier reads are still hung on their file systems")
+        );
+        release.wait();
+        // Once the file system answers, the slots come back.
+        let t = Instant::now();
+        loop {
+            if let Ok(v) = bounded(Duration::from_secs(1), || 7) {
+                assert_eq!(v, 7);
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "slots never freed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::write(d.path().join("config.json"), r#"{"hostname":"h"}"#).expect("write");
+        let c = read_config_within(d.path(), None, Duration::from_secs(2)).expect("read");
+        assert_eq!(c.hostname.as_deref(), Some("h"));
     }
 }

@@ -1,0 +1,339 @@
+//! The permission gate: one dedicated thread that reads the fanotify group
+//! and answers runtime execs.
+//!
+//! Most runtime execs (`state`, `kill`, `exec`, `delete`, `runc init`, the
+//! kubelet's probes through `runc exec`) need nothing from the container
+//! state machine: the gate pairs the event with its BPF argv record, parses
+//! it and allows it on the spot, with a blocking `poll` + `read` like the
+//! smallest possible responder. Only `create`, `run` and `start` go to the
+//! hook's task, which answers them after it has done what must precede the
+//! exec (reading config.json; reporting `Added` before `start`).
+//!
+//! N.B. an earlier design answered every event from the tokio task that
+//! also runs the state machine; the reactor's epoll round trip, its timer
+//! bookkeeping and the work after each answer cost every runtime exec
+//! 10-20 us more than a blocking responder on these 2-CPU machines.
+
+use std::collections::HashSet;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lookout_fanotify::{Event, Fanotify, MIN_READ_BUFFER, Permission};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tokio::sync::mpsc;
+
+use crate::argv::{self, Command, Invocation};
+use crate::capture::ArgvRing;
+use crate::hook::{Observer, Stats};
+use crate::proc;
+
+/// What the gate hands to the hook's task.
+pub(crate) enum Exec {
+    /// `create`, `run` or `start`: the task answers `perm`.
+    Command {
+        pid: u32,
+        inv: Box<Invocation>,
+        perm: Permission,
+        since: Instant,
+    },
+    /// fanotify-only mode: an exec that was allowed without argv; the task
+    /// reads it from /proc once the new image runs.
+    Unseen {
+        tid: u32,
+        binary: String,
+        before: Option<Vec<String>>,
+    },
+}
+
+/// State shared by the gate thread and the hook's task.
+pub(crate) struct Shared {
+    /// The marked binaries (to recognise a runtime re-executing itself).
+    pub marked: RwLock<HashSet<PathBuf>>,
+    pub observer: Option<Arc<dyn Observer>>,
+    pub deadline: Duration,
+    answered: AtomicU64,
+    missing_argv: AtomicU64,
+    errors: AtomicU64,
+    slowest_us: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(observer: Option<Arc<dyn Observer>>, deadline: Duration) -> Shared {
+        Shared {
+            marked: RwLock::new(HashSet::new()),
+            observer,
+            deadline,
+            answered: AtomicU64::new(0),
+            missing_argv: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            slowest_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Allows `perm`, read at `since`, and records how long the exec
+    /// waited on us. (Measured before the answer: the write wakes the
+    /// exec'ing task, which may preempt this thread at once on a small
+    /// machine, and that time is not the exec's.)
+    pub fn answer(&self, perm: Permission, since: Instant) {
+        let elapsed = since.elapsed();
+        answer(perm);
+        self.record(elapsed);
+    }
+
+    /// Records an exec that was answered `since.elapsed()` after it was read.
+    pub fn answered(&self, since: Instant) {
+        self.record(since.elapsed());
+    }
+
+    fn record(&self, elapsed: Duration) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        self.slowest_us
+            .fetch_max(elapsed.as_micros() as u64, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.answered(elapsed);
+        }
+        if elapsed > self.deadline {
+            tracing::warn!(
+                ?elapsed,
+                "a runtime exec waited on lookout longer than the deadline"
+            );
+        }
+    }
+
+    /// Counts a skipped error of `kind` (a short stable label).
+    pub fn error(&self, kind: &'static str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.error(kind);
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            answered: self.answered.load(Ordering::Relaxed),
+            missing_argv: self.missing_argv.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether thread `tid` is a runtime re-executing itself (`runc init`
+    /// through `/proc/self/exe`): its current image is a marked binary.
+    fn is_reexec(&self, tid: u32) -> bool {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{tid}/exe")) else {
+            return false;
+        };
+        let exe = exe.to_string_lossy();
+        let exe = exe.trim_end_matches(" (deleted)");
+        self.marked
+            .read()
+            .is_ok_and(|m| m.iter().any(|p| p.as_os_str() == exe))
+    }
+}
+
+/// The running gate thread. Dropping it stops the thread, which answers
+/// everything still queued before it exits.
+pub(crate) struct Gate {
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gate {
+    /// Starts the thread on `group` (a non-blocking handle).
+    pub fn spawn(
+        group: Fanotify,
+        ring: Option<ArgvRing>,
+        shared: Arc<Shared>,
+        tx: mpsc::Sender<Exec>,
+    ) -> std::io::Result<Gate> {
+        let stop = Arc::new(EventFd::from_flags(
+            EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+        )?);
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("lookout-gate".into())
+            .spawn(move || {
+                let mut worker = Worker {
+                    group,
+                    ring,
+                    shared,
+                    tx,
+                };
+                worker.run(&thread_stop);
+            })?;
+        Ok(Gate {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the permission thread panicked (its events were allowed)");
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Worker {
+    group: Fanotify,
+    ring: Option<ArgvRing>,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Exec>,
+}
+
+impl Worker {
+    fn run(&mut self, stop: &EventFd) {
+        let mut buf = vec![0u8; MIN_READ_BUFFER * 4];
+        let mut events: Vec<Event> = Vec::new();
+        loop {
+            let mut fds = [
+                PollFd::new(self.group.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    tracing::error!(%e, "polling the fanotify group");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            if fds[1].any().unwrap_or(false) {
+                break;
+            }
+            match self.group.read_events(&mut buf, &mut events) {
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(%e, "reading fanotify events");
+                    self.shared.error("read");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            for ev in events.drain(..) {
+                self.handle(ev);
+            }
+        }
+        // Answer whatever is queued before the group closes.
+        let _ = self.group.drain();
+    }
+
+    fn handle(&mut self, mut ev: Event) {
+        if ev.is_overflow() {
+            tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
+            self.shared.error("overflow");
+            return;
+        }
+        let Some(perm) = ev.take_permission() else {
+            return;
+        };
+        let since = Instant::now();
+        let tid = ev.pid().max(0) as u32;
+        let mut record = self.ring.as_mut().and_then(|r| r.take(tid));
+        // runc re-executing itself (`runc init`, once per container) has no
+        // record by design: answer it at once, with one readlink.
+        if record.is_none() && self.shared.is_reexec(tid) {
+            self.shared.answer(perm, since);
+            return;
+        }
+        // N.B. the ring buffer hands out records in order, so a record that
+        // another CPU reserved but has not committed yet hides the ones
+        // behind it, ours included, for a few microseconds. Look again
+        // briefly before treating the exec as one without argv.
+        if let Some(ring) = self.ring.as_mut()
+            && record.is_none()
+        {
+            let give_up = Instant::now() + Duration::from_millis(2);
+            while record.is_none() && Instant::now() < give_up {
+                std::thread::sleep(Duration::from_micros(20));
+                record = ring.take(tid);
+            }
+        }
+        let Some(r) = record else {
+            self.without_argv(tid, perm, since);
+            return;
+        };
+        // After execve the process id is the tgid even when another thread
+        // called it. The binary's name comes from the exec'd path.
+        let binary = basename(&r.filename);
+        match argv::parse(&r.argv, &binary) {
+            Ok(inv) if needs_state(&inv) => {
+                let msg = Exec::Command {
+                    pid: r.tgid,
+                    inv: Box::new(inv),
+                    perm,
+                    since,
+                };
+                // A closed channel (shutting down) hands the message back:
+                // dropping it allows the exec.
+                if self.tx.blocking_send(msg).is_err() {
+                    self.shared.answered(since);
+                }
+            }
+            Ok(_) => {
+                self.shared.answer(perm, since);
+            }
+            Err(e) => {
+                self.shared.answer(perm, since);
+                self.shared.error("argv");
+                tracing::warn!(%e, argv = ?r.argv, "cannot parse runtime command line; allowed it");
+            }
+        }
+    }
+
+    /// A runtime exec without a BPF record: no BPF (fanotify-only mode), or
+    /// an exec path the programs do not see. Allow it and learn about it
+    /// from /proc and the runtime's state.
+    fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
+        self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
+        let binary = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
+        ))
+        .map(|p| basename(&p.to_string_lossy()))
+        .unwrap_or_default();
+        tracing::debug!(tid, binary, "runtime exec without a BPF argv record");
+        // fanotify-only mode snapshots the pre-exec cmdline so that the
+        // task can tell when the new one appears.
+        let before = self.ring.is_none().then(|| proc::cmdline(tid)).flatten();
+        self.shared.answer(perm, since);
+        if self.ring.is_none() {
+            let _ = self.tx.blocking_send(Exec::Unseen {
+                tid,
+                binary,
+                before,
+            });
+        }
+    }
+}
+
+/// Whether the hook's task must see this command before the exec goes on.
+fn needs_state(inv: &Invocation) -> bool {
+    matches!(
+        inv.command,
+        Command::Create(_) | Command::Run(_) | Command::Start { .. }
+    )
+}
+
+pub(crate) fn basename(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+pub(crate) fn answer(perm: Permission) {
+    if let Err(e) = perm.allow() {
+        tracing::warn!(%e, "answering a permission event");
+    }
+}
