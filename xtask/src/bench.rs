@@ -151,6 +151,19 @@ fn exec_times(bin: &Path, n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Writes `path` back and drops it from the page cache.
+fn drop_page_cache(path: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    f.sync_all()?;
+    // SAFETY: posix_fadvise on an fd we own; it only advises the kernel.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        bail!("posix_fadvise({}): errno {rc}", path.display());
+    }
+    Ok(())
+}
+
 fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("rootfs/bin"))?;
     std::fs::copy("/bin/busybox", dir.join("rootfs/bin/busybox"))
@@ -285,14 +298,34 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         .spawn()?;
     let (a, _) = Agent::start(&lookout, &work, &["--runtime-path", &fake_s])?;
     std::thread::sleep(Duration::from_millis(200));
-    let _ = exec_times(&none_noop, 50); // warm up
+    // The three files must be in the same page-cache state: a file that
+    // `cp` or the linker just wrote sits in the cache in other folio sizes
+    // than one that exec faulted in, and that alone moved an exec by
+    // +-30 us here (more than the listeners cost). Drop them, then let
+    // exec fault all three in the same way.
+    for p in [&none_noop, &floor_noop, &fake] {
+        drop_page_cache(p)?;
+    }
+    for _ in 0..50 {
+        for p in [&none_noop, &floor_noop, &fake] {
+            let _ = exec_times(p, 1); // warm up
+        }
+    }
     let (mut none, mut floor, mut agent_t) = (Vec::new(), Vec::new(), Vec::new());
-    // Rotate the order every iteration: an exec's cost depends on what ran
-    // just before it (caches, which CPU is awake), and a fixed order showed
-    // up as a bias of tens of microseconds for whoever came last.
-    for i in 0..opts.rounds * opts.execs {
-        for k in 0..3 {
-            match (i + k) % 3 {
+    // A new random order every iteration: an exec's cost depends on what
+    // ran just before it (caches, which CPU is awake), and a fixed or
+    // rotating order gives each configuration a fixed predecessor.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..opts.rounds * opts.execs {
+        let mut order = [0usize, 1, 2];
+        for k in (1..order.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            order.swap(k, (rng % (k as u64 + 1)) as usize);
+        }
+        for k in order {
+            match k {
                 0 => none.extend(exec_times(&none_noop, 1)),
                 1 => floor.extend(exec_times(&floor_noop, 1)),
                 _ => agent_t.extend(exec_times(&fake, 1)),

@@ -20,11 +20,29 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod proc;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+/// Receives container events from a discovery backend.
+///
+/// The runtime hook calls it on its own task *before* the runtime exec that
+/// caused the event is allowed: keep it quick (hand the event to another
+/// thread, with a deadline, as `lookout run` does).
+pub trait Sink {
+    /// One event.
+    fn emit(&mut self, event: ContainerEvent);
+}
+
+impl<F: FnMut(ContainerEvent)> Sink for F {
+    fn emit(&mut self, event: ContainerEvent) {
+        self(event)
+    }
+}
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds.
 pub fn monotonic_ns() -> u64 {
@@ -158,6 +176,71 @@ pub struct Container {
     pub hostname: Option<String>,
     /// The runtime's state directory root (`--root`), if known.
     pub runtime_root: Option<PathBuf>,
+    /// Kubernetes identity (pod, container name, labels), when known: from
+    /// the CRI annotations in config.json or from the Pod informer.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kubernetes: Option<Kubernetes>,
+}
+
+/// The Kubernetes identity of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kubernetes {
+    /// The pod's namespace.
+    pub namespace: Option<String>,
+    /// The pod's name.
+    pub pod: Option<String>,
+    /// The pod's UID.
+    pub pod_uid: Option<String>,
+    /// The container's name in the pod spec.
+    pub container: Option<String>,
+    /// The container's image.
+    pub image: Option<String>,
+    /// The pod's labels (from the informer).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Kubernetes {
+    /// Reads the annotations the CRI runtimes put in config.json:
+    /// containerd's `io.kubernetes.cri.*` and CRI-O's `io.kubernetes.pod.*`
+    /// / `io.kubernetes.container.name`. `None` when there are none (not a
+    /// Kubernetes container) or for a pod sandbox (pause) container.
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// let a = BTreeMap::from([
+    ///     ("io.kubernetes.cri.container-type".to_owned(), "container".to_owned()),
+    ///     ("io.kubernetes.cri.sandbox-namespace".to_owned(), "default".to_owned()),
+    ///     ("io.kubernetes.cri.sandbox-name".to_owned(), "web-0".to_owned()),
+    ///     ("io.kubernetes.cri.container-name".to_owned(), "nginx".to_owned()),
+    /// ]);
+    /// let k = lookout_model::Kubernetes::from_annotations(&a).unwrap();
+    /// assert_eq!(k.pod.as_deref(), Some("web-0"));
+    /// assert_eq!(k.container.as_deref(), Some("nginx"));
+    /// ```
+    pub fn from_annotations(a: &BTreeMap<String, String>) -> Option<Kubernetes> {
+        let get = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k).cloned());
+        if get(&["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"])
+            .is_some_and(|t| t == "sandbox")
+        {
+            return None;
+        }
+        let k = Kubernetes {
+            namespace: get(&[
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace",
+            ]),
+            pod: get(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
+            pod_uid: get(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]),
+            container: get(&[
+                "io.kubernetes.cri.container-name",
+                "io.kubernetes.container.name",
+            ]),
+            image: get(&["io.kubernetes.cri.image-name", "io.kubernetes.cri-o.ImageName"]),
+            labels: BTreeMap::new(),
+        };
+        (k != Kubernetes::default()).then_some(k)
+    }
 }
 
 impl Container {
@@ -175,6 +258,7 @@ impl Container {
             args: Vec::new(),
             hostname: None,
             runtime_root: None,
+            kubernetes: None,
         }
     }
 }

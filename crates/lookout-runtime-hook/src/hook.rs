@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Permission, Report};
+pub use lookout_model::Sink;
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
 use tokio::sync::mpsc;
 
@@ -16,19 +17,6 @@ use crate::gate::{Exec, Gate, Shared, answer};
 use crate::oci::{OciConfig, read_config_within};
 use crate::state::{default_root, read_pid_file, read_state};
 use crate::{Error, pidfd, proc};
-
-/// Receives container events. Called on the hook's task, *before* the
-/// runtime exec that made the event is allowed: keep it quick.
-pub trait Sink {
-    /// One event.
-    fn emit(&mut self, event: ContainerEvent);
-}
-
-impl<F: FnMut(ContainerEvent)> Sink for F {
-    fn emit(&mut self, event: ContainerEvent) {
-        self(event)
-    }
-}
 
 /// Finds the runtime binaries again (for binaries installed after start).
 #[derive(Clone)]
@@ -627,6 +615,7 @@ pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, stat
     c.cgroup = proc::cgroup(pid);
     if let Some(cfg) = config {
         c.annotations = cfg.annotations.clone();
+        c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
         c.hostname = cfg.hostname.clone();
         c.args = cfg
             .process

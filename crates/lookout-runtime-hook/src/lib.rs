@@ -33,13 +33,13 @@ mod gate;
 mod hook;
 pub mod oci;
 mod pidfd;
-pub mod proc;
 mod run_watch;
 mod scan;
 pub mod state;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, Stats};
+pub use lookout_model::proc;
 pub use scan::{Scanner, scan_state};
 
 use std::path::PathBuf;

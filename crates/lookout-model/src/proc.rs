@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use lookout_model::Namespaces;
+use crate::Namespaces;
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
     let target = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?;
@@ -28,7 +28,8 @@ pub fn cgroup(pid: u32) -> Option<String> {
     parse_cgroup(&text)
 }
 
-pub(crate) fn parse_cgroup(text: &str) -> Option<String> {
+/// The cgroup path in the text of a `/proc/<pid>/cgroup` file (see [`cgroup`]).
+pub fn parse_cgroup(text: &str) -> Option<String> {
     let mut first = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -51,7 +52,8 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
-pub(crate) fn parse_start_time(stat: &str) -> Option<u64> {
+/// Field 22 of the text of a `/proc/<pid>/stat` file.
+pub fn parse_start_time(stat: &str) -> Option<u64> {
     // comm may contain spaces and parentheses: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     // After ")" come fields 3.. ; starttime is field 22 -> index 19 here.
