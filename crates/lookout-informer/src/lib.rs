@@ -1,1 +1,294 @@
-//! placeholder
+//! The Pod-informer backend: this node's containers, from the Kubernetes
+//! API server.
+//!
+//! # Overview
+//!
+//! [`Informer`] watches the Pods whose `spec.nodeName` is this node (a
+//! field selector, so the API server filters) with `kube::runtime::watcher`
+//! and the default backoff. Each Pod becomes container changes through the
+//! [`Tracker`]: a container whose status is `running` with a `containerID`
+//! (init, regular and ephemeral containers alike) is added; a restart (a new
+//! `containerID`) removes the old id, with its exit code from `lastState`,
+//! and adds the new one; a terminated container, a completed or failed pod
+//! and a deleted pod remove theirs. After a relist (start-up, `410 Gone`),
+//! pods that did not come back are removed.
+//!
+//! The host pid of each added container is found by matching its id in
+//! `/proc/*/cgroup` ([`find_pids`]), so no CRI socket is needed; with the
+//! host's `/proc` (a DaemonSet with `hostPID: true`) the events carry pids,
+//! namespaces and cgroups like the runtime hook's.
+//!
+//! Only the fields used are kept in memory: each Pod is reduced to its
+//! running containers' identity as it arrives.
+//!
+//! [`Index`] answers "which pod is container X / pod uid Y" for enriching
+//! containers found by other backends.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), lookout_informer::Error> {
+//! use lookout_informer::{Config, Informer};
+//! let client = lookout_informer::client().await?;
+//! let informer = Informer::new(client, Config::new("node-a"));
+//! let mut print = |e: lookout_model::ContainerEvent| println!("{e:?}");
+//! informer.run(&mut print, std::future::pending()).await;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod pids;
+mod tracker;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use lookout_model::{Container, ContainerEvent, Kubernetes, Sink, Source};
+
+pub use pids::{container_id_from_cgroup, find_pids};
+pub use tracker::{Change, Tracker, parse_container_id};
+
+/// Errors of the informer's setup. (Once running, API errors are logged and
+/// retried with backoff; they never end the informer.)
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable Kubernetes configuration: neither `KUBECONFIG`,
+    /// `~/.kube/config` nor the in-cluster service account.
+    #[error("no Kubernetes configuration: {0}")]
+    Config(String),
+    /// The client could not be built from the configuration.
+    #[error("Kubernetes client: {0}")]
+    Client(String),
+}
+
+/// Builds a client the usual way: `KUBECONFIG` or `~/.kube/config`, else the
+/// in-cluster service account (`KUBERNETES_SERVICE_HOST` and the token in
+/// `/var/run/secrets/kubernetes.io/serviceaccount`).
+pub async fn client() -> Result<Client, Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+}
+
+/// How to run the informer.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's name (`NODE_NAME` from the downward API).
+    pub node_name: String,
+    /// Where to look for container processes; `None` skips pid resolution.
+    /// Default `/proc`.
+    pub proc_root: Option<PathBuf>,
+}
+
+impl Config {
+    /// Watches `node_name`'s pods, resolving pids in `/proc`.
+    pub fn new(node_name: impl Into<String>) -> Config {
+        Config {
+            node_name: node_name.into(),
+            proc_root: Some(PathBuf::from("/proc")),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct IndexInner {
+    by_id: HashMap<String, Kubernetes>,
+    labels_by_uid: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// What the informer knows, for enriching containers found elsewhere.
+/// Cheap to clone; all clones see the same data.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    inner: Arc<RwLock<IndexInner>>,
+}
+
+impl Index {
+    /// Fills in `c.kubernetes` from the informer: by container id, or, when
+    /// CRI annotations already named the pod, the pod's labels by uid (a
+    /// container reported at `create` is not in any pod status yet, but
+    /// its pod is).
+    pub fn enrich(&self, c: &mut Container) {
+        let Ok(inner) = self.inner.read() else { return };
+        if let Some(k) = inner.by_id.get(&c.id) {
+            let mine = c.kubernetes.get_or_insert_with(Kubernetes::default);
+            mine.namespace = mine.namespace.take().or_else(|| k.namespace.clone());
+            mine.pod = mine.pod.take().or_else(|| k.pod.clone());
+            mine.pod_uid = mine.pod_uid.take().or_else(|| k.pod_uid.clone());
+            mine.container = mine.container.take().or_else(|| k.container.clone());
+            mine.image = mine.image.take().or_else(|| k.image.clone());
+        }
+        if let Some(k) = c.kubernetes.as_mut()
+            && k.labels.is_empty()
+            && let Some(labels) = k.pod_uid.as_ref().and_then(|u| inner.labels_by_uid.get(u))
+        {
+            k.labels = labels.clone();
+        }
+    }
+
+    /// The Kubernetes identity of container `id`, if the informer saw it.
+    pub fn get(&self, id: &str) -> Option<Kubernetes> {
+        self.inner.read().ok()?.by_id.get(id).cloned()
+    }
+
+    fn pod(&self, pod: &Pod, present: bool) {
+        let Ok(mut inner) = self.inner.write() else { return };
+        let Some(uid) = pod.metadata.uid.clone() else { return };
+        if present {
+            inner
+                .labels_by_uid
+                .insert(uid, pod.metadata.labels.clone().unwrap_or_default());
+        } else {
+            inner.labels_by_uid.remove(&uid);
+        }
+    }
+
+    fn change(&self, change: &Change) {
+        let Ok(mut inner) = self.inner.write() else { return };
+        match change {
+            Change::Added(c) => {
+                if let Some(k) = &c.kubernetes {
+                    inner.by_id.insert(c.id.clone(), k.clone());
+                }
+            }
+            Change::Removed(c, _) => {
+                inner.by_id.remove(&c.id);
+            }
+        }
+    }
+
+    fn clear_pods(&self) {
+        if let Ok(mut inner) = self.inner.write() {
+            inner.labels_by_uid.clear();
+        }
+    }
+}
+
+/// The Pod informer. See the crate docs.
+#[derive(Clone)]
+pub struct Informer {
+    client: Client,
+    config: Config,
+    index: Index,
+}
+
+impl std::fmt::Debug for Informer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Informer {
+    /// An informer for `config.node_name`'s pods.
+    pub fn new(client: Client, config: Config) -> Informer {
+        Informer {
+            client,
+            config,
+            index: Index::default(),
+        }
+    }
+
+    /// A handle on what the informer knows.
+    pub fn index(&self) -> Index {
+        self.index.clone()
+    }
+
+    /// Watches until `shutdown` completes, emitting `added`/`removed` with
+    /// source `informer`. API errors are logged and retried with kube-rs's
+    /// default backoff (0.8 s doubling to 30 s, with jitter).
+    pub async fn run(self, sink: &mut dyn Sink, shutdown: impl std::future::Future<Output = ()>) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
+        let stream = watcher(pods, wc).default_backoff();
+        tokio::pin!(stream);
+        tokio::pin!(shutdown);
+        let mut tracker = Tracker::new();
+        // Changes of a relist wait for its end, so that a single /proc scan
+        // resolves all of their pids.
+        let mut pending: Vec<Change> = Vec::new();
+        let mut listing = false;
+        let mut synced_once = false;
+        loop {
+            let ev = tokio::select! {
+                () = &mut shutdown => break,
+                ev = stream.next() => ev,
+            };
+            let Some(ev) = ev else { break };
+            match ev {
+                Ok(watcher::Event::Init) => {
+                    listing = true;
+                    tracker.init();
+                    self.index.clear_pods();
+                }
+                Ok(watcher::Event::InitApply(pod)) => {
+                    self.index.pod(&pod, true);
+                    tracker.apply(&pod, &mut pending);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    listing = false;
+                    tracker.init_done(&mut pending);
+                    if !synced_once {
+                        synced_once = true;
+                        tracing::info!(
+                            node = self.config.node_name,
+                            containers = tracker.live().count() ,
+                            "pod informer synced"
+                        );
+                    }
+                }
+                Ok(watcher::Event::Apply(pod)) => {
+                    self.index.pod(&pod, true);
+                    tracker.apply(&pod, &mut pending);
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    self.index.pod(&pod, false);
+                    tracker.delete(&pod, &mut pending);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
+                    continue;
+                }
+            }
+            if !listing && !pending.is_empty() {
+                self.flush(&mut pending, sink);
+            }
+        }
+    }
+
+    fn flush(&self, changes: &mut Vec<Change>, sink: &mut dyn Sink) {
+        let wanted: HashSet<String> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Added(c) => Some(c.id.clone()),
+                Change::Removed(..) => None,
+            })
+            .collect();
+        let pids = match &self.config.proc_root {
+            Some(root) => find_pids(root, &wanted),
+            None => HashMap::new(),
+        };
+        for change in changes.drain(..) {
+            self.index.change(&change);
+            match change {
+                Change::Added(mut c) => {
+                    if let Some(&pid) = pids.get(&c.id) {
+                        c.pid = Some(pid);
+                        c.namespaces = lookout_model::proc::namespaces(pid);
+                        c.cgroup = lookout_model::proc::cgroup(pid);
+                    }
+                    sink.emit(ContainerEvent::added(Source::Informer, c));
+                }
+                Change::Removed(c, code) => {
+                    sink.emit(ContainerEvent::removed(Source::Informer, c, code));
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,12 @@
 //! - [`Restrictions`]: run a child process the way an unprivileged or
 //!   sandboxed node would, with a seccomp filter that makes chosen syscalls
 //!   fail with a chosen errno, and with capabilities removed.
+//! - [`apiserver::ApiServer`]: a Kubernetes API server speaking the Pod
+//!   list/watch protocol over real HTTP, recording posted Events, and
+//!   [`apiserver::PodJson`] for pods shaped like a real cluster's.
 #![deny(missing_docs)]
+
+pub mod apiserver;
 
 use std::io;
 use std::os::unix::process::CommandExt;

@@ -1,0 +1,283 @@
+//! From Pod objects to container added/removed changes: the informer's
+//! state machine, free of I/O so that every transition is unit-tested.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use lookout_model::{Container, Kubernetes, RuntimeKind, Status};
+
+/// A change the tracker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A container now runs.
+    Added(Container),
+    /// A container stopped (terminated, replaced by a restart, or its pod
+    /// was deleted), with its exit code when the status says.
+    Removed(Container, Option<i32>),
+}
+
+/// What the tracker keeps of a pod: only the fields it uses.
+#[derive(Debug, Default)]
+struct PodEntry {
+    /// Running containers by runtime id.
+    live: HashMap<String, Container>,
+}
+
+/// The pods of one node and their running containers.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    pods: HashMap<String, PodEntry>,
+    /// Pods seen since a relist began (`Init` .. `InitDone`).
+    relisting: Option<HashSet<String>>,
+}
+
+/// The runtime and id in a `containerID` (`containerd://<id>`,
+/// `cri-o://<id>`, `docker://<id>`). `None` for an empty or malformed one.
+pub fn parse_container_id(s: &str) -> Option<(RuntimeKind, &str)> {
+    let (runtime, id) = s.split_once("://")?;
+    if id.is_empty() || runtime.is_empty() {
+        return None;
+    }
+    Some((RuntimeKind::from_binary_name(runtime), id))
+}
+
+fn pod_key(pod: &Pod) -> String {
+    let m = &pod.metadata;
+    match &m.uid {
+        Some(uid) => uid.clone(),
+        None => format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
+/// The statuses of every kind of container in a pod.
+fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
+    fn list(l: Option<&Vec<ContainerStatus>>) -> impl Iterator<Item = &ContainerStatus> {
+        l.into_iter().flatten()
+    }
+    let s = pod.status.as_ref();
+    list(s.and_then(|s| s.init_container_statuses.as_ref()))
+        .chain(list(s.and_then(|s| s.container_statuses.as_ref())))
+        .chain(list(s.and_then(|s| s.ephemeral_container_statuses.as_ref())))
+}
+
+/// Running containers of `pod`, and the exit codes of terminated ones by id.
+fn observe(pod: &Pod) -> (HashMap<String, Container>, HashMap<String, i32>) {
+    let m = &pod.metadata;
+    let labels: BTreeMap<String, String> = m.labels.clone().unwrap_or_default();
+    let mut running = HashMap::new();
+    let mut codes = HashMap::new();
+    for st in statuses(pod) {
+        let state = st.state.as_ref();
+        for t in [
+            state.and_then(|s| s.terminated.as_ref()),
+            st.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let id = t.container_id.as_deref().or(st.container_id.as_deref());
+            if let Some((_, id)) = id.and_then(parse_container_id) {
+                codes.entry(id.to_owned()).or_insert(t.exit_code);
+            }
+        }
+        if state.and_then(|s| s.running.as_ref()).is_none() {
+            continue;
+        }
+        let Some((runtime, id)) = st.container_id.as_deref().and_then(parse_container_id) else {
+            continue;
+        };
+        let mut c = Container::new(id, runtime);
+        c.status = Status::Running;
+        c.kubernetes = Some(Kubernetes {
+            namespace: m.namespace.clone(),
+            pod: m.name.clone(),
+            pod_uid: m.uid.clone(),
+            container: Some(st.name.clone()),
+            image: Some(st.image.clone()).filter(|i| !i.is_empty()),
+            labels: labels.clone(),
+        });
+        running.insert(id.to_owned(), c);
+    }
+    (running, codes)
+}
+
+impl Tracker {
+    /// An empty tracker.
+    pub fn new() -> Tracker {
+        Tracker::default()
+    }
+
+    /// Running containers known now.
+    pub fn live(&self) -> impl Iterator<Item = &Container> {
+        self.pods.values().flat_map(|p| p.live.values())
+    }
+
+    /// A pod was added or modified.
+    pub fn apply(&mut self, pod: &Pod, out: &mut Vec<Change>) {
+        let key = pod_key(pod);
+        if let Some(seen) = self.relisting.as_mut() {
+            seen.insert(key.clone());
+        }
+        let (running, codes) = observe(pod);
+        let entry = self.pods.entry(key).or_default();
+        let gone: Vec<String> = entry
+            .live
+            .keys()
+            .filter(|id| !running.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(c) = entry.live.remove(&id) {
+                let code = codes.get(&id).copied();
+                out.push(Change::Removed(c, code));
+            }
+        }
+        for (id, c) in running {
+            match entry.live.get_mut(&id) {
+                // Labels may change on a running pod: keep them current.
+                Some(known) => known.kubernetes = c.kubernetes,
+                None => {
+                    entry.live.insert(id, c.clone());
+                    out.push(Change::Added(c));
+                }
+            }
+        }
+    }
+
+    /// A pod was deleted: everything it ran is gone.
+    pub fn delete(&mut self, pod: &Pod, out: &mut Vec<Change>) {
+        let (_, codes) = observe(pod);
+        if let Some(entry) = self.pods.remove(&pod_key(pod)) {
+            for (id, c) in entry.live {
+                let code = codes.get(&id).copied();
+                out.push(Change::Removed(c, code));
+            }
+        }
+    }
+
+    /// A relist begins (start-up, or after 410 Gone).
+    pub fn init(&mut self) {
+        self.relisting = Some(HashSet::new());
+    }
+
+    /// A relist ended: pods it did not return were deleted meanwhile.
+    pub fn init_done(&mut self, out: &mut Vec<Change>) {
+        let Some(seen) = self.relisting.take() else {
+            return;
+        };
+        let stale: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for k in stale {
+            if let Some(entry) = self.pods.remove(&k) {
+                for (_, c) in entry.live {
+                    out.push(Change::Removed(c, None));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lookout_testsupport::apiserver::PodJson;
+
+    fn pod(j: PodJson) -> Pod {
+        serde_json::from_value(j.json()).expect("a valid Pod")
+    }
+
+    fn ids(out: &[Change]) -> Vec<String> {
+        let mut v: Vec<String> = out
+            .iter()
+            .map(|c| match c {
+                Change::Added(c) => format!("+{}", c.id),
+                Change::Removed(c, code) => format!("-{}{}", c.id, code.map(|c| format!(":{c}")).unwrap_or_default()),
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn running_containers_of_every_kind_are_added_once() {
+        let mut t = Tracker::new();
+        let p = pod(PodJson::new("default", "web-1", "u1", "n1")
+            .terminated("init", "busybox", "containerd", "i1", 0, true)
+            .running("nginx", "nginx:1.27", "containerd", "c1")
+            .ephemeral("debug", "busybox", "containerd", "e1"));
+        let mut out = Vec::new();
+        t.apply(&p, &mut out);
+        assert_eq!(ids(&out), ["+c1", "+e1"]);
+        let Change::Added(c) = &out[0] else { panic!() };
+        let k = c.kubernetes.as_ref().expect("metadata");
+        assert_eq!(k.namespace.as_deref(), Some("default"));
+        assert_eq!(k.pod_uid.as_deref(), Some("u1"));
+        assert_eq!(k.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(c.runtime.as_str(), "containerd");
+        out.clear();
+        t.apply(&p, &mut out);
+        assert!(out.is_empty(), "an unchanged pod changes nothing: {out:?}");
+    }
+
+    #[test]
+    fn a_restart_removes_the_old_id_with_its_exit_code_and_adds_the_new() {
+        let mut t = Tracker::new();
+        let mut out = Vec::new();
+        t.apply(&pod(PodJson::new("ns", "a-1", "u", "n").running("app", "img", "cri-o", "old")), &mut out);
+        out.clear();
+        t.apply(
+            &pod(PodJson::new("ns", "a-1", "u", "n").restarted("app", "img", "cri-o", "old", 137, "new")),
+            &mut out,
+        );
+        assert_eq!(ids(&out), ["+new", "-old:137"]);
+    }
+
+    #[test]
+    fn completed_pods_and_deleted_pods_remove_their_containers() {
+        let mut t = Tracker::new();
+        let mut out = Vec::new();
+        t.apply(&pod(PodJson::new("ns", "job-1", "j", "n").running("work", "img", "containerd", "w1")), &mut out);
+        t.apply(&pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")), &mut out);
+        out.clear();
+        t.apply(
+            &pod(PodJson::new("ns", "job-1", "j", "n").terminated("work", "img", "containerd", "w1", 0, false).phase("Succeeded")),
+            &mut out,
+        );
+        assert_eq!(ids(&out), ["-w1:0"]);
+        out.clear();
+        t.delete(&pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")), &mut out);
+        assert_eq!(ids(&out), ["-d1"]);
+        assert_eq!(t.live().count(), 0);
+    }
+
+    #[test]
+    fn a_relist_removes_pods_deleted_while_we_were_away() {
+        let mut t = Tracker::new();
+        let mut out = Vec::new();
+        let keep = pod(PodJson::new("ns", "keep-1", "k", "n").running("c", "img", "containerd", "k1"));
+        t.apply(&keep, &mut out);
+        t.apply(&pod(PodJson::new("ns", "gone-1", "g", "n").running("c", "img", "containerd", "g1")), &mut out);
+        out.clear();
+        t.init();
+        t.apply(&keep, &mut out);
+        t.init_done(&mut out);
+        assert_eq!(ids(&out), ["-g1"]);
+    }
+
+    #[test]
+    fn container_ids_parse_strictly() {
+        assert_eq!(parse_container_id("containerd://abc").map(|(r, i)| (r.to_string(), i)), Some(("containerd".into(), "abc")));
+        assert_eq!(parse_container_id("cri-o://x").map(|(_, i)| i), Some("x"));
+        assert!(parse_container_id("").is_none());
+        assert!(parse_container_id("containerd://").is_none());
+        assert!(parse_container_id("abc").is_none());
+    }
+}
