@@ -75,6 +75,17 @@ pub async fn client() -> Result<Client, Error> {
     Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
 }
 
+/// Builds a client from the kubeconfig file at `path` (its current context).
+pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<Client, Error> {
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+}
+
 /// How to run the informer.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -137,8 +148,12 @@ impl Index {
     }
 
     fn pod(&self, pod: &Pod, present: bool) {
-        let Ok(mut inner) = self.inner.write() else { return };
-        let Some(uid) = pod.metadata.uid.clone() else { return };
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
         if present {
             inner
                 .labels_by_uid
@@ -149,7 +164,9 @@ impl Index {
     }
 
     fn change(&self, change: &Change) {
-        let Ok(mut inner) = self.inner.write() else { return };
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
         match change {
             Change::Added(c) => {
                 if let Some(k) = &c.kubernetes {
@@ -203,9 +220,14 @@ impl Informer {
     /// Watches until `shutdown` completes, emitting `added`/`removed` with
     /// source `informer`. API errors are logged and retried with kube-rs's
     /// default backoff (0.8 s doubling to 30 s, with jitter).
-    pub async fn run(self, sink: &mut dyn Sink, shutdown: impl std::future::Future<Output = ()>) {
+    pub async fn run<S: Sink + Send>(
+        self,
+        sink: &mut S,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
+        let wc =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
         let stream = watcher(pods, wc).default_backoff();
         tokio::pin!(stream);
         tokio::pin!(shutdown);
@@ -238,7 +260,7 @@ impl Informer {
                         synced_once = true;
                         tracing::info!(
                             node = self.config.node_name,
-                            containers = tracker.live().count() ,
+                            containers = tracker.live().count(),
                             "pod informer synced"
                         );
                     }
@@ -262,7 +284,7 @@ impl Informer {
         }
     }
 
-    fn flush(&self, changes: &mut Vec<Change>, sink: &mut dyn Sink) {
+    fn flush<S: Sink>(&self, changes: &mut Vec<Change>, sink: &mut S) {
         let wanted: HashSet<String> = changes
             .iter()
             .filter_map(|c| match c {

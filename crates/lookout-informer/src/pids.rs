@@ -69,7 +69,11 @@ pub fn find_pids(proc_root: &Path, wanted: &HashSet<String>) -> HashMap<String, 
         return HashMap::new();
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(text) = std::fs::read_to_string(entry.path().join("cgroup")) else {
@@ -102,13 +106,17 @@ mod tests {
     #[test]
     fn every_known_layout() {
         for p in [
-            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f_1.slice/cri-containerd-{ID}.scope"),
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod5f_1.slice/cri-containerd-{ID}.scope"
+            ),
             format!("/kubepods.slice/kubepods-pod5f_1.slice/crio-{ID}.scope"),
             format!("/kubepods.slice/kubepods-pod5f_1.slice/docker-{ID}.scope"),
             format!("/machine.slice/libpod-{ID}.scope"),
             format!("/kubepods/besteffort/pod5f-1/{ID}"),
             format!("/kubepods/pod5f-1/crio-{ID}"),
-            format!("/system.slice/containerd.service/kubepods-besteffort-pod5f_1.slice:cri-containerd:{ID}"),
+            format!(
+                "/system.slice/containerd.service/kubepods-besteffort-pod5f_1.slice:cri-containerd:{ID}"
+            ),
             format!("/kubepods.slice/kubepods-pod5f_1.slice/cri-containerd-{ID}.scope/init.scope"),
         ] {
             assert_eq!(container_id_from_cgroup(&p), Some(ID), "{p}");

@@ -61,7 +61,9 @@ fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
     let s = pod.status.as_ref();
     list(s.and_then(|s| s.init_container_statuses.as_ref()))
         .chain(list(s.and_then(|s| s.container_statuses.as_ref())))
-        .chain(list(s.and_then(|s| s.ephemeral_container_statuses.as_ref())))
+        .chain(list(
+            s.and_then(|s| s.ephemeral_container_statuses.as_ref()),
+        ))
 }
 
 /// Running containers of `pod`, and the exit codes of terminated ones by id.
@@ -199,7 +201,11 @@ mod tests {
             .iter()
             .map(|c| match c {
                 Change::Added(c) => format!("+{}", c.id),
-                Change::Removed(c, code) => format!("-{}{}", c.id, code.map(|c| format!(":{c}")).unwrap_or_default()),
+                Change::Removed(c, code) => format!(
+                    "-{}{}",
+                    c.id,
+                    code.map(|c| format!(":{c}")).unwrap_or_default()
+                ),
             })
             .collect();
         v.sort();
@@ -231,10 +237,14 @@ mod tests {
     fn a_restart_removes_the_old_id_with_its_exit_code_and_adds_the_new() {
         let mut t = Tracker::new();
         let mut out = Vec::new();
-        t.apply(&pod(PodJson::new("ns", "a-1", "u", "n").running("app", "img", "cri-o", "old")), &mut out);
+        t.apply(
+            &pod(PodJson::new("ns", "a-1", "u", "n").running("app", "img", "cri-o", "old")),
+            &mut out,
+        );
         out.clear();
         t.apply(
-            &pod(PodJson::new("ns", "a-1", "u", "n").restarted("app", "img", "cri-o", "old", 137, "new")),
+            &pod(PodJson::new("ns", "a-1", "u", "n")
+                .restarted("app", "img", "cri-o", "old", 137, "new")),
             &mut out,
         );
         assert_eq!(ids(&out), ["+new", "-old:137"]);
@@ -244,16 +254,27 @@ mod tests {
     fn completed_pods_and_deleted_pods_remove_their_containers() {
         let mut t = Tracker::new();
         let mut out = Vec::new();
-        t.apply(&pod(PodJson::new("ns", "job-1", "j", "n").running("work", "img", "containerd", "w1")), &mut out);
-        t.apply(&pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")), &mut out);
+        t.apply(
+            &pod(PodJson::new("ns", "job-1", "j", "n").running("work", "img", "containerd", "w1")),
+            &mut out,
+        );
+        t.apply(
+            &pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")),
+            &mut out,
+        );
         out.clear();
         t.apply(
-            &pod(PodJson::new("ns", "job-1", "j", "n").terminated("work", "img", "containerd", "w1", 0, false).phase("Succeeded")),
+            &pod(PodJson::new("ns", "job-1", "j", "n")
+                .terminated("work", "img", "containerd", "w1", 0, false)
+                .phase("Succeeded")),
             &mut out,
         );
         assert_eq!(ids(&out), ["-w1:0"]);
         out.clear();
-        t.delete(&pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")), &mut out);
+        t.delete(
+            &pod(PodJson::new("ns", "web-1", "w", "n").running("web", "img", "docker", "d1")),
+            &mut out,
+        );
         assert_eq!(ids(&out), ["-d1"]);
         assert_eq!(t.live().count(), 0);
     }
@@ -262,9 +283,13 @@ mod tests {
     fn a_relist_removes_pods_deleted_while_we_were_away() {
         let mut t = Tracker::new();
         let mut out = Vec::new();
-        let keep = pod(PodJson::new("ns", "keep-1", "k", "n").running("c", "img", "containerd", "k1"));
+        let keep =
+            pod(PodJson::new("ns", "keep-1", "k", "n").running("c", "img", "containerd", "k1"));
         t.apply(&keep, &mut out);
-        t.apply(&pod(PodJson::new("ns", "gone-1", "g", "n").running("c", "img", "containerd", "g1")), &mut out);
+        t.apply(
+            &pod(PodJson::new("ns", "gone-1", "g", "n").running("c", "img", "containerd", "g1")),
+            &mut out,
+        );
         out.clear();
         t.init();
         t.apply(&keep, &mut out);
@@ -274,7 +299,10 @@ mod tests {
 
     #[test]
     fn container_ids_parse_strictly() {
-        assert_eq!(parse_container_id("containerd://abc").map(|(r, i)| (r.to_string(), i)), Some(("containerd".into(), "abc")));
+        assert_eq!(
+            parse_container_id("containerd://abc").map(|(r, i)| (r.to_string(), i)),
+            Some(("containerd".into(), "abc"))
+        );
         assert_eq!(parse_container_id("cri-o://x").map(|(_, i)| i), Some("x"));
         assert!(parse_container_id("").is_none());
         assert!(parse_container_id("containerd://").is_none());

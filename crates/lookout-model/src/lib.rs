@@ -220,8 +220,11 @@ impl Kubernetes {
     /// ```
     pub fn from_annotations(a: &BTreeMap<String, String>) -> Option<Kubernetes> {
         let get = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k).cloned());
-        if get(&["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"])
-            .is_some_and(|t| t == "sandbox")
+        if get(&[
+            "io.kubernetes.cri.container-type",
+            "io.kubernetes.cri-o.ContainerType",
+        ])
+        .is_some_and(|t| t == "sandbox")
         {
             return None;
         }
@@ -236,7 +239,10 @@ impl Kubernetes {
                 "io.kubernetes.cri.container-name",
                 "io.kubernetes.container.name",
             ]),
-            image: get(&["io.kubernetes.cri.image-name", "io.kubernetes.cri-o.ImageName"]),
+            image: get(&[
+                "io.kubernetes.cri.image-name",
+                "io.kubernetes.cri-o.ImageName",
+            ]),
             labels: BTreeMap::new(),
         };
         (k != Kubernetes::default()).then_some(k)

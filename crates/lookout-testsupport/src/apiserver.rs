@@ -112,7 +112,9 @@ impl ApiServer {
             live,
         };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        listener.set_nonblocking(true).expect("nonblocking listener");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
         let url = format!(
             "http://{}",
             listener.local_addr().expect("listener address")
@@ -341,17 +343,17 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The node a field selector asks for: `Ok(None)` for no selector.
-fn node_selector(q: &HashMap<String, String>) -> Result<Option<String>, Response> {
+fn node_selector(q: &HashMap<String, String>) -> Result<Option<String>, Box<Response>> {
     let Some(sel) = q.get("fieldSelector").filter(|s| !s.is_empty()) else {
         return Ok(None);
     };
     match sel.split_once('=') {
         Some(("spec.nodeName", node)) => Ok(Some(node.trim_start_matches('=').to_owned())),
-        _ => Err(status(
+        _ => Err(Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             &format!("\"{sel}\" is not a known field selector: only \"spec.nodeName\" is indexed"),
-        )),
+        ))),
     }
 }
 
@@ -384,7 +386,7 @@ async fn pods(State(shared): State<Shared>, uri: Uri, RawQuery(raw): RawQuery) -
     }
     let node = match node_selector(&q) {
         Ok(n) => n,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
         watch(shared, q, node)
@@ -406,7 +408,11 @@ fn list(shared: Shared, q: HashMap<String, String>, node: Option<String>) -> Res
                 .split_once(':')
                 .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<usize>().ok()?)))
             else {
-                return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid continue token");
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "invalid continue token",
+                );
             };
             let Some(items) = s.pages.get(token).cloned() else {
                 return status(
@@ -549,7 +555,13 @@ async fn event(
     uri: Uri,
     body: Bytes,
 ) -> Result<Response, Infallible> {
-    record_event(&shared, format!("POST {uri}"), &ns, &body, StatusCode::CREATED)
+    record_event(
+        &shared,
+        format!("POST {uri}"),
+        &ns,
+        &body,
+        StatusCode::CREATED,
+    )
 }
 
 async fn event_patch(
