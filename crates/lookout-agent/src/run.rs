@@ -9,6 +9,8 @@ use lookout_model::{ContainerEvent, EventKind};
 use lookout_probe::{Mode, ProbeOptions, ProbeReport};
 use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
 
+use crate::merge;
+
 /// The output format of events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -27,6 +29,8 @@ pub enum ModeArg {
     FanotifyEbpf,
     /// fanotify alone.
     Fanotify,
+    /// Watch this node's Pods through the Kubernetes API.
+    Podinformer,
     /// Scan runtime state directories.
     Scan,
 }
@@ -58,6 +62,18 @@ pub struct RunArgs {
     /// Rescan interval of the scan mode.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     scan_interval: Duration,
+    /// This node's name, for the Pod informer (from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// A kubeconfig file; without it, the usual places (`~/.kube/config`,
+    /// then the in-cluster service account).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Run the Pod informer beside a runtime-hook or scan mode, so that
+    /// containers the hook cannot see (gVisor, Kata) are still reported,
+    /// once. Default: on when a cluster is configured.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    fallback_informer: Option<bool>,
 }
 
 /// Runtime paths are host paths: a relative one would be resolved against
@@ -250,17 +266,26 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         ready: std::sync::RwLock::new(None),
     });
     crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared)).await;
-    let mut sink = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
+    let stdout = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
+    let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
     let report = lookout_probe::probe(
         &ProbeOptions::new()
             .host_root(&args.host_root)
             .runtime_paths(args.runtime_paths.clone())
-            .bpf_object(bpf_object),
+            .bpf_object(bpf_object)
+            .env(move |k| match k {
+                "NODE_NAME" => node_name.clone(),
+                "KUBECONFIG" => kubeconfig
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+                _ => std::env::var(k).ok(),
+            }),
     );
     let wanted = match args.mode {
         ModeArg::Auto => None,
         ModeArg::FanotifyEbpf => Some(Mode::FanotifyEbpf),
         ModeArg::Fanotify => Some(Mode::Fanotify),
+        ModeArg::Podinformer => Some(Mode::PodInformer),
         ModeArg::Scan => Some(Mode::Scan),
     };
     let (mode, refused) = choose(&report, wanted)?;
@@ -269,6 +294,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     // the probe, a kernel surprise), step down instead of exiting.
     let mut refused = refused;
     let mut hook = None;
+    let mut informer = None;
     for m in Mode::LADDER.into_iter().filter(|m| *m >= mode) {
         match m {
             Mode::FanotifyEbpf | Mode::Fanotify => {
@@ -296,13 +322,46 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                 }
             }
             Mode::PodInformer => {
-                // The Pod informer backend is not part of this build yet.
-                refused.push("podinformer: not available in this build".to_owned());
+                if wanted.is_none() && report.requirements(m).is_err() {
+                    continue;
+                }
+                match start_informer(&args).await {
+                    Ok(i) => {
+                        informer = Some(i);
+                        break;
+                    }
+                    Err(e) if wanted.is_some() => bail!("--mode {m} cannot start: {e:#}"),
+                    Err(e) => refused.push(format!("{m}: {e:#}")),
+                }
             }
             Mode::Scan => break,
         }
     }
-    let chosen = hook.as_ref().map_or(Mode::Scan, |(m, _)| *m);
+    let chosen = match (&hook, &informer) {
+        (Some((m, _)), _) => *m,
+        (None, Some(_)) => Mode::PodInformer,
+        (None, None) => Mode::Scan,
+    };
+    // The fallback informer: on by default when a cluster is configured.
+    let fallback = if chosen == Mode::PodInformer {
+        None
+    } else {
+        let cluster = report.requirements(Mode::PodInformer);
+        match (args.fallback_informer, cluster) {
+            (Some(false), _) | (None, Err(_)) => None,
+            (Some(true), Err(why)) => {
+                tracing::warn!("--fallback-informer: no cluster to watch: {why}");
+                None
+            }
+            (_, Ok(())) => match start_informer(&args).await {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    tracing::warn!("fallback informer not started: {e:#}");
+                    None
+                }
+            },
+        }
+    };
     release_startup_memory();
     metrics.set_mode(chosen.as_str());
     let mut body = format!("mode {chosen}\n");
@@ -315,9 +374,29 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         tracing::info!("discovery mode {chosen} (refused: {})", refused.join(" | "));
     }
 
-    match hook {
-        Some((_, mut hook)) => {
+    let mut sink = merge::Shared::new(stdout, std::sync::Arc::clone(&metrics), fallback.is_some());
+    if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
+        sink.set_index(i.index());
+        if fallback.is_some() {
+            tracing::info!("fallback Pod informer runs beside {chosen}");
+        }
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let spawn_informer = |i: lookout_informer::Informer, sink: merge::Shared<StdoutSink>| {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut sink = sink;
+            i.run(&mut sink, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        })
+    };
+    match (hook, informer) {
+        (Some((_, mut hook)), _) => {
             hook.scan(&mut sink);
+            // After the state scan: what it found is not the informer's.
+            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
             set_ready(&shared, body);
             tracing::info!(
                 tracked = hook.tracked().count(),
@@ -326,16 +405,67 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
             );
             let stats = hook.run(&mut sink, shutdown_signal()).await;
             tracing::info!(?stats, "runtime hook stopped; marks removed");
+            stop_informer(&stop_tx, side).await;
         }
-        None => {
+        (None, Some(informer)) => {
+            let task = spawn_informer(informer, sink.clone());
+            set_ready(&shared, body);
+            tracing::info!("ready");
+            shutdown_signal().await;
+            stop_informer(&stop_tx, Some(task)).await;
+        }
+        (None, None) => {
+            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
             set_ready(&shared, body);
             tracing::info!("ready");
             Scanner::new(args.host_root.clone(), args.scan_interval)
                 .run(&mut sink, shutdown_signal())
                 .await;
+            stop_informer(&stop_tx, side).await;
         }
     }
     Ok(())
+}
+
+async fn stop_informer(
+    stop: &tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+) {
+    let _ = stop.send(true);
+    if let Some(t) = task
+        && tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the Pod informer did not stop within 5 s");
+    }
+}
+
+/// Builds the Kubernetes client and checks that the API server answers
+/// (`GET /version`, 10 s): a mode that cannot reach its cluster is refused
+/// at start-up, with the reason, instead of running blind.
+async fn start_informer(args: &RunArgs) -> anyhow::Result<lookout_informer::Informer> {
+    let node =
+        args.node_name.clone().filter(|n| !n.is_empty()).context(
+            "NODE_NAME is not set (set it from the downward API: fieldRef spec.nodeName)",
+        )?;
+    let client = match &args.kubeconfig {
+        Some(path) => lookout_informer::client_from_kubeconfig(path).await?,
+        None => lookout_informer::client().await?,
+    };
+    let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .context("the API server did not answer GET /version within 10 s")?
+        .context("the API server did not answer GET /version")?;
+    tracing::info!(
+        node,
+        server = format!("{}.{}", version.major, version.minor),
+        "Pod informer: connected"
+    );
+    Ok(lookout_informer::Informer::new(
+        client,
+        lookout_informer::Config::new(node),
+    ))
 }
 
 fn set_ready(shared: &crate::serve::Shared, body: String) {

@@ -37,6 +37,7 @@ struct ErrorLabels {
 
 /// The agent's metrics.
 pub struct Metrics {
+    duplicates: Counter,
     registry: Registry,
     events: Family<EventLabels, Counter>,
     mode: Family<ModeLabels, Gauge>,
@@ -96,7 +97,14 @@ impl Metrics {
             "Events dropped because the stdout queue was full",
             stdout_dropped.clone(),
         );
+        let duplicates = Counter::default();
+        registry.register(
+            "duplicate_events_suppressed",
+            "Events for a container another source already reported (hook and informer), not printed",
+            duplicates.clone(),
+        );
         Metrics {
+            duplicates,
             registry,
             events,
             mode,
@@ -134,6 +142,10 @@ impl Metrics {
                 source: e.source.to_string(),
             })
             .inc();
+    }
+
+    pub fn duplicate(&self) {
+        self.duplicates.inc();
     }
 
     pub fn stdout_late(&self) {

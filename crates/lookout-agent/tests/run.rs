@@ -21,19 +21,33 @@ struct Agent {
 
 impl Agent {
     fn start(extra: &[&str]) -> Agent {
+        Agent::start_with(extra, &[], None)
+    }
+
+    /// With environment variables `env` and, optionally, a seccomp filter
+    /// or capability drop.
+    fn start_with(
+        extra: &[&str],
+        env: &[(&str, &str)],
+        restrict: Option<lookout_testsupport::Restrictions>,
+    ) -> Agent {
         let dir = tempfile::tempdir().expect("tempdir");
         let stderr = dir.path().join("stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lookout"))
-            .args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+        cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
             .env_remove("NODE_NAME")
             .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn lookout run");
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        if let Some(r) = restrict {
+            r.apply(&mut cmd).expect("restrict the agent");
+        }
+        let mut child = cmd.spawn().expect("spawn lookout run");
         let events = Arc::new(Mutex::new(Vec::new()));
         let out = child.stdout.take().expect("stdout");
         let sink = Arc::clone(&events);
@@ -1019,5 +1033,248 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     assert!(
         log.contains("fanotify_init: ENOSYS"),
         "the log must say why: {log}"
+    );
+}
+
+// --- The Pod informer, the mode ladder and the fallback informer (#4) ---
+//
+// No kube-apiserver runs on these machines: `ApiServer` (lookout-testsupport)
+// speaks the list/watch protocol over real HTTP.
+
+use lookout_testsupport::apiserver::{ApiServer, PodJson};
+
+fn hex_id(n: u32) -> String {
+    format!("{n:064x}")
+}
+
+fn informer_mode_when_fanotify_init_fails(errno: i32, name: &str) {
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = server.kubeconfig(dir.path());
+    server.apply(
+        PodJson::new("default", "web-0", "uid-web", "node-a")
+            .running("nginx", "nginx:1.27", "containerd", &hex_id(1))
+            .json(),
+    );
+    server.apply(
+        PodJson::new("shop", "cart-0", "uid-cart", "node-a")
+            .terminated("init", "busybox", "containerd", &hex_id(2), 0, true)
+            .running("cart", "cart:2", "containerd", &hex_id(3))
+            .json(),
+    );
+    server.apply(
+        PodJson::new("default", "far-0", "uid-far", "node-b")
+            .running("c", "img", "containerd", &hex_id(4))
+            .json(),
+    );
+    let agent = Agent::start_with(
+        &[],
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        Some(lookout_testsupport::Restrictions::new().deny_syscall(libc::SYS_fanotify_init, errno)),
+    );
+    let web = agent.wait_event(&hex_id(1), "added", Duration::from_secs(15));
+    assert_eq!(web["source"], "informer");
+    assert_eq!(web["container"]["kubernetes"]["pod"], "web-0");
+    assert_eq!(web["container"]["kubernetes"]["labels"]["app"], "web");
+    assert_eq!(web["container"]["status"], "running");
+    let cart = agent.wait_event(&hex_id(3), "added", Duration::from_secs(5));
+    assert_eq!(cart["container"]["kubernetes"]["namespace"], "shop");
+    // A new pod, a restart, a deletion.
+    server.apply(
+        PodJson::new("default", "api-0", "uid-api", "node-a")
+            .running("api", "api:1", "cri-o", &hex_id(5))
+            .json(),
+    );
+    agent.wait_event(&hex_id(5), "added", Duration::from_secs(5));
+    server.apply(
+        PodJson::new("default", "web-0", "uid-web", "node-a")
+            .restarted(
+                "nginx",
+                "nginx:1.27",
+                "containerd",
+                &hex_id(1),
+                1,
+                &hex_id(6),
+            )
+            .json(),
+    );
+    let gone = agent.wait_event(&hex_id(1), "removed", Duration::from_secs(5));
+    assert_eq!(gone["exit_code"], 1);
+    agent.wait_event(&hex_id(6), "added", Duration::from_secs(5));
+    server.delete("shop", "cart-0");
+    agent.wait_event(&hex_id(3), "removed", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        agent.events_for(&hex_id(4)).is_empty(),
+        "another node's pod"
+    );
+    assert!(
+        agent.events_for(&hex_id(2)).is_empty(),
+        "a finished init container"
+    );
+    for n in [1, 3, 5, 6] {
+        let added = agent
+            .events_for(&hex_id(n))
+            .iter()
+            .filter(|e| e["event"] == "added")
+            .count();
+        assert_eq!(added, 1, "container {n} added once");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "exit 0 on SIGTERM: {status:?}\n{log}");
+    assert!(log.contains("discovery mode podinformer"), "{log}");
+    assert!(
+        log.contains(&format!("fanotify_init: {name}")),
+        "the log says why: {log}"
+    );
+}
+
+#[test]
+fn without_fanotify_in_a_cluster_the_agent_runs_the_pod_informer_enosys() {
+    informer_mode_when_fanotify_init_fails(libc::ENOSYS, "ENOSYS");
+}
+
+#[test]
+fn without_fanotify_in_a_cluster_the_agent_runs_the_pod_informer_eperm() {
+    informer_mode_when_fanotify_init_fails(libc::EPERM, "EPERM");
+}
+
+#[test]
+fn an_unreachable_cluster_is_refused_with_the_reason_and_scan_mode_runs() {
+    // A kubeconfig whose server is gone (a port nobody listens on).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ApiServer::start();
+    let kubeconfig = server.kubeconfig(dir.path());
+    drop(server);
+    let agent = Agent::start_with(
+        &[],
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        Some(
+            lookout_testsupport::Restrictions::new()
+                .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS),
+        ),
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("discovery mode scan"), "{log}");
+    assert!(
+        log.contains("podinformer: the API server did not answer GET /version"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_explicit_podinformer_mode_without_a_cluster_fails_with_the_reason() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args(["run", "--mode", "podinformer", "--listen", "127.0.0.1:0"])
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lookout");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--mode podinformer cannot run on this node"),
+        "{err}"
+    );
+    assert!(err.contains("NODE_NAME is not set"), "{err}");
+}
+
+#[test]
+fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
+    if !ready("fallback_informer") {
+        return;
+    }
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = server.kubeconfig(dir.path());
+    let runc_id = id("fallback");
+    // The pod of the runc container below, and a gVisor-like pod whose
+    // container no runtime hook can see.
+    let sandboxed = hex_id(77);
+    server.apply(PodJson::new("default", "web-0", "uid-web", "node-a").json());
+    server.apply(
+        PodJson::new("default", "gvisor-0", "uid-gv", "node-a")
+            .running("app", "app:1", "containerd", &sandboxed)
+            .json(),
+    );
+    let agent = Agent::start_with(
+        &[],
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        None,
+    );
+    agent.wait_log("pod informer synced", Duration::from_secs(15));
+    let gv = agent.wait_event(&sandboxed, "added", Duration::from_secs(5));
+    assert_eq!(gv["source"], "informer");
+
+    // A real container with the CRI annotations containerd would set.
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "30"], |c| {
+        c["annotations"] = serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-namespace": "default",
+            "io.kubernetes.cri.sandbox-name": "web-0",
+            "io.kubernetes.cri.sandbox-uid": "uid-web",
+            "io.kubernetes.cri.container-name": "nginx",
+        });
+    });
+    runc_ok(&[
+        "run",
+        "-d",
+        "--bundle",
+        b.to_str().expect("utf-8"),
+        &runc_id,
+    ]);
+    let added = agent.wait_event(&runc_id, "added", Duration::from_secs(10));
+    assert_eq!(added["source"], "runtime-hook");
+    assert_eq!(added["container"]["kubernetes"]["pod"], "web-0");
+    assert_eq!(
+        added["container"]["kubernetes"]["labels"]["app"], "web",
+        "labels from the informer's pod, joined by the annotated uid"
+    );
+    // The kubelet reports it running a moment later: no second event.
+    server.apply(
+        PodJson::new("default", "web-0", "uid-web", "node-a")
+            .running("nginx", "nginx:1.27", "containerd", &runc_id)
+            .json(),
+    );
+    // And the sandbox pod goes away.
+    server.delete("default", "gvisor-0");
+    agent.wait_event(&sandboxed, "removed", Duration::from_secs(5));
+    cleanup(&runc_id);
+    agent.wait_event(&runc_id, "removed", Duration::from_secs(10));
+    // The informer then sees it terminated too: still one removed.
+    server.apply(
+        PodJson::new("default", "web-0", "uid-web", "node-a")
+            .terminated("nginx", "nginx:1.27", "containerd", &runc_id, 137, false)
+            .json(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    for id in [&runc_id, &sandboxed] {
+        let ev = agent.events_for(id);
+        let n = |k: &str| ev.iter().filter(|e| e["event"] == k).count();
+        assert_eq!((n("added"), n("removed")), (1, 1), "{id}: {ev:?}");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("discovery mode fanotify-ebpf"), "{log}");
+    assert!(
+        log.contains("fallback Pod informer runs beside fanotify-ebpf"),
+        "{log}"
+    );
+    assert!(
+        log.contains("container known only to the Pod informer"),
+        "{log}"
     );
 }

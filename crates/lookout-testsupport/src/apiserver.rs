@@ -122,6 +122,7 @@ impl ApiServer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = Router::new()
             .route("/api/v1/pods", get(pods))
+            .route("/version", get(version))
             .route("/api/v1/namespaces/{ns}/events", post(event))
             .route("/apis/events.k8s.io/v1/namespaces/{ns}/events", post(event))
             .route(
@@ -359,6 +360,22 @@ fn node_selector(q: &HashMap<String, String>) -> Result<Option<String>, Box<Resp
 
 fn on_node(pod: &Value, node: Option<&str>) -> bool {
     node.is_none_or(|n| pod["spec"]["nodeName"].as_str() == Some(n))
+}
+
+async fn version(State(shared): State<Shared>) -> Response {
+    shared.lock().requests.push("GET /version".to_owned());
+    let body = json!({
+        "major": "1", "minor": "34", "emulationMajor": "1", "emulationMinor": "34",
+        "minCompatibilityMajor": "1", "minCompatibilityMinor": "33",
+        "gitVersion": "v1.34.2", "gitCommit": "8cc511e399b929453cd98ae65b419c3cc227ec79",
+        "gitTreeState": "clean", "buildDate": "2026-11-11T19:05:24Z", "goVersion": "go1.24.9",
+        "compiler": "gc", "platform": "linux/amd64"
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 async fn not_found(method: Method, uri: Uri, State(shared): State<Shared>) -> Response {
