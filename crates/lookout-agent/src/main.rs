@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod hooks;
 mod merge;
 mod run;
 mod serve;
@@ -37,7 +38,7 @@ enum Command {
     Probe(ProbeArgs),
     /// Discover containers and print one event per line (JSON by default
     /// when stdout is not a terminal). Stops on SIGTERM/SIGINT.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,7 +66,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Probe(args) => probe(args),
-        Command::Run(args) => run::run(args, ebpf_object()),
+        Command::Run(args) => run::run(*args, ebpf_object()),
     }
 }
 

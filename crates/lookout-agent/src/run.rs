@@ -9,6 +9,7 @@ use lookout_model::{ContainerEvent, EventKind};
 use lookout_probe::{Mode, ProbeOptions, ProbeReport};
 use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
 
+use crate::hooks::{Events, HookSettings, HookSink};
 use crate::merge;
 
 /// The output format of events.
@@ -74,6 +75,27 @@ pub struct RunArgs {
     /// once. Default: on when a cluster is configured.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     fallback_informer: Option<bool>,
+    /// A command run through `sh -c` for every new container, with its OCI
+    /// State (status `created`) on stdin, before the runtime may start it.
+    /// Repeatable.
+    #[arg(long, value_name = "CMD")]
+    prestart: Vec<String>,
+    /// A command run through `sh -c` after a container exits, with its
+    /// State (status `stopped`) on stdin. Repeatable.
+    #[arg(long, value_name = "CMD")]
+    poststop: Vec<String>,
+    /// An oci-hooks(5) directory (CRI-O/podman hooks.d JSON). Repeatable;
+    /// a later one overrides an earlier one by file name.
+    #[arg(long = "hooks-dir", value_name = "DIR")]
+    hooks_dirs: Vec<PathBuf>,
+    /// Each hook's timeout (unless its hooks.d file sets one), and the
+    /// longest a runtime's `start` waits for a container's prestart hooks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    hook_timeout: Duration,
+    /// Post a Kubernetes Event (`NewContainerConfig`) on this Node for every
+    /// new container.
+    #[arg(long)]
+    k8s_events: bool,
 }
 
 /// Runtime paths are host paths: a relative one would be resolved against
@@ -292,6 +314,37 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
 
     // Initialize the chosen hook mode once; if that fails (a race with
     // the probe, a kernel surprise), step down instead of exiting.
+    // One connection to the cluster, made when something needs it.
+    let mut kube = Kube::default();
+    let hook_settings = HookSettings {
+        prestart: args.prestart.clone(),
+        poststop: args.poststop.clone(),
+        dirs: args.hooks_dirs.clone(),
+        timeout: args.hook_timeout,
+        host_root: args.host_root.clone(),
+    };
+    let events = if args.k8s_events {
+        match (kube.client(&args).await, &args.node_name) {
+            (Ok(client), Some(node)) => Some(Events {
+                client,
+                node: node.clone(),
+            }),
+            (Err(e), _) => {
+                tracing::warn!("--k8s-events: no cluster: {e:#}");
+                None
+            }
+            (_, None) => {
+                tracing::warn!("--k8s-events: NODE_NAME is not set");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let hooks_wanted = hook_settings.any();
+    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events);
+    let barrier = std::sync::Arc::new(barrier);
+
     let mut refused = refused;
     let mut hook = None;
     let mut informer = None;
@@ -310,10 +363,16 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                     rescan: Some(rescan(&args)),
                     observer: Some(std::sync::Arc::clone(&metrics)
                         as std::sync::Arc<dyn lookout_runtime_hook::Observer>),
+                    start_barrier: hooks_wanted.then(|| {
+                        std::sync::Arc::clone(&barrier)
+                            as std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>
+                    }),
+                    start_barrier_cap: args.hook_timeout,
                     ..Config::new()
                 };
                 match RuntimeHook::new(config) {
                     Ok(h) => {
+                        stdout.close_in_hooks(h.group_fd());
                         hook = Some((m, h));
                         break;
                     }
@@ -325,7 +384,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                 if wanted.is_none() && report.requirements(m).is_err() {
                     continue;
                 }
-                match start_informer(&args).await {
+                match start_informer(&args, &mut kube).await {
                     Ok(i) => {
                         informer = Some(i);
                         break;
@@ -353,7 +412,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                 tracing::warn!("--fallback-informer: no cluster to watch: {why}");
                 None
             }
-            (_, Ok(())) => match start_informer(&args).await {
+            (_, Ok(())) => match start_informer(&args, &mut kube).await {
                 Ok(i) => Some(i),
                 Err(e) => {
                     tracing::warn!("fallback informer not started: {e:#}");
@@ -382,7 +441,8 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         }
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let spawn_informer = |i: lookout_informer::Informer, sink: merge::Shared<StdoutSink>| {
+    let spawn_informer = |i: lookout_informer::Informer,
+                          sink: merge::Shared<HookSink<StdoutSink>>| {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut sink = sink;
@@ -441,14 +501,29 @@ async fn stop_informer(
     }
 }
 
-/// Builds the Kubernetes client and checks that the API server answers
-/// (`GET /version`, 10 s): a mode that cannot reach its cluster is refused
-/// at start-up, with the reason, instead of running blind.
-async fn start_informer(args: &RunArgs) -> anyhow::Result<lookout_informer::Informer> {
-    let node =
-        args.node_name.clone().filter(|n| !n.is_empty()).context(
-            "NODE_NAME is not set (set it from the downward API: fieldRef spec.nodeName)",
-        )?;
+/// The connection to the cluster, made once: the client, or why not.
+#[derive(Default)]
+struct Kube {
+    result: Option<Result<kube::Client, String>>,
+}
+
+impl Kube {
+    /// Builds the client and checks that the API server answers
+    /// (`GET /version`, 10 s): a mode that cannot reach its cluster is
+    /// refused at start-up, with the reason, instead of running blind.
+    async fn client(&mut self, args: &RunArgs) -> anyhow::Result<kube::Client> {
+        if self.result.is_none() {
+            self.result = Some(connect(args).await.map_err(|e| format!("{e:#}")));
+        }
+        match &self.result {
+            Some(Ok(c)) => Ok(c.clone()),
+            Some(Err(e)) => Err(anyhow::anyhow!("{e}")),
+            None => bail!("not connected"),
+        }
+    }
+}
+
+async fn connect(args: &RunArgs) -> anyhow::Result<kube::Client> {
     let client = match &args.kubeconfig {
         Some(path) => lookout_informer::client_from_kubeconfig(path).await?,
         None => lookout_informer::client().await?,
@@ -458,10 +533,22 @@ async fn start_informer(args: &RunArgs) -> anyhow::Result<lookout_informer::Info
         .context("the API server did not answer GET /version within 10 s")?
         .context("the API server did not answer GET /version")?;
     tracing::info!(
-        node,
         server = format!("{}.{}", version.major, version.minor),
-        "Pod informer: connected"
+        "connected to the Kubernetes API server"
     );
+    Ok(client)
+}
+
+async fn start_informer(
+    args: &RunArgs,
+    kube: &mut Kube,
+) -> anyhow::Result<lookout_informer::Informer> {
+    let node =
+        args.node_name.clone().filter(|n| !n.is_empty()).context(
+            "NODE_NAME is not set (set it from the downward API: fieldRef spec.nodeName)",
+        )?;
+    let client = kube.client(args).await?;
+    tracing::info!(node, "Pod informer: watching this node's pods");
     Ok(lookout_informer::Informer::new(
         client,
         lookout_informer::Config::new(node),

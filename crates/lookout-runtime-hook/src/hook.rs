@@ -45,6 +45,19 @@ pub trait Observer: Send + Sync {
     fn error(&self, kind: &'static str);
 }
 
+/// Something the runtime's `start` of a container waits for, such as the
+/// container's prestart hooks. Called on the hook's task right after the
+/// container was reported (the `added` event went to the sink).
+pub trait StartBarrier: Send + Sync {
+    /// A future that completes when `start` of container `id` may go on,
+    /// or `None` to go on at once. The hook waits at most
+    /// [`Config::start_barrier_cap`], without holding up other execs.
+    fn wait(
+        &self,
+        id: &str,
+    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>;
+}
+
 /// How to start the hook.
 #[derive(Clone)]
 pub struct Config {
@@ -61,6 +74,10 @@ pub struct Config {
     pub rescan: Option<Rescan>,
     /// Metrics hooks.
     pub observer: Option<std::sync::Arc<dyn Observer>>,
+    /// What `start` waits for (prestart hooks), if anything.
+    pub start_barrier: Option<std::sync::Arc<dyn StartBarrier>>,
+    /// The longest `start` waits for the barrier.
+    pub start_barrier_cap: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -72,6 +89,8 @@ impl std::fmt::Debug for Config {
             .field("answer_deadline", &self.answer_deadline)
             .field("rescan", &self.rescan)
             .field("observer", &self.observer.is_some())
+            .field("start_barrier", &self.start_barrier.is_some())
+            .field("start_barrier_cap", &self.start_barrier_cap)
             .finish()
     }
 }
@@ -86,6 +105,8 @@ impl Config {
             answer_deadline: Duration::from_secs(2),
             rescan: None,
             observer: None,
+            start_barrier: None,
+            start_barrier_cap: Duration::from_secs(10),
         }
     }
 }
@@ -253,6 +274,13 @@ impl RuntimeHook {
         self.shared.marked.read().is_ok_and(|m| m.contains(path))
     }
 
+    /// The fanotify group's file descriptor. Processes this agent starts
+    /// (hooks) must close it before they exec: see `lookout-fanotify`'s
+    /// notes on children that hold a group.
+    pub fn group_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.group)
+    }
+
     /// Whether argv is captured by BPF.
     pub fn has_bpf(&self) -> bool {
         self.capture.is_some()
@@ -396,8 +424,23 @@ impl RuntimeHook {
                 if self.pending.contains_key(&id) {
                     self.finalize(&id, None, sink);
                 }
-                if let Some(perm) = perm {
-                    answer(perm);
+                let Some(perm) = perm else { return };
+                match self.config.start_barrier.as_ref().and_then(|b| b.wait(&id)) {
+                    // Wait on a task: other runtime execs go on meanwhile.
+                    Some(barrier) => {
+                        let cap = self.config.start_barrier_cap;
+                        tokio::spawn(async move {
+                            if tokio::time::timeout(cap, barrier).await.is_err() {
+                                tracing::warn!(
+                                    id,
+                                    ?cap,
+                                    "start did not wait longer for the container's prestart hooks"
+                                );
+                            }
+                            answer(perm);
+                        });
+                    }
+                    None => answer(perm),
                 }
             }
             Command::Delete { .. } | Command::ReExec | Command::Other(_) => {

@@ -38,7 +38,7 @@ mod scan;
 pub mod state;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
-pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, Stats};
+pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, Stats};
 pub use lookout_model::proc;
 pub use scan::{Scanner, scan_state};
 

@@ -1,0 +1,380 @@
+//! OCI hooks and Kubernetes Events for the containers lookout reports.
+//!
+//! [`HookSink`] sits after the merger (so each container gets its hooks
+//! once) and before stdout. On `added` it starts the prestart-stage hooks
+//! on a task; for a container the runtime hook reported while still
+//! `created`, it also registers a *start barrier*, which the runtime hook
+//! awaits (bounded by `--hook-timeout`) before it lets `runc start` run.
+//! On `removed` it starts the poststop hooks with status `stopped`. Hooks
+//! for containers found after they started (informer, state scan) carry
+//! the `io.lookout.hook.late` annotation. Nothing here blocks the caller:
+//! every hook runs on its own task with its own timeout.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lookout_model::{ContainerEvent, EventKind, Sink, Source, Status};
+use lookout_oci_hooks::oci_spec::runtime::{ContainerState, Hook, HookBuilder};
+use lookout_oci_hooks::{HooksDirs, RunOptions, Target, run_hook, state_of};
+use tokio::sync::watch;
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct HookSettings {
+    /// `--prestart CMD` (each through `sh -c`).
+    pub prestart: Vec<String>,
+    /// `--poststop CMD`.
+    pub poststop: Vec<String>,
+    /// `--hooks-dir DIR`, later ones override earlier ones by file name.
+    pub dirs: Vec<PathBuf>,
+    /// `--hook-timeout`: each hook's default timeout, and the longest a
+    /// runtime's `start` waits for a container's prestart hooks.
+    pub timeout: Duration,
+    /// Where the host's root is mounted (bundles are host paths).
+    pub host_root: PathBuf,
+}
+
+impl HookSettings {
+    /// Whether anything would run.
+    pub fn any(&self) -> bool {
+        !self.prestart.is_empty() || !self.poststop.is_empty() || !self.dirs.is_empty()
+    }
+}
+
+/// Posts a Kubernetes Event for every new container.
+#[derive(Clone)]
+pub struct Events {
+    pub client: kube::Client,
+    pub node: String,
+}
+
+/// The k8s limit on an Event's note.
+const NOTE_LIMIT: usize = 1024;
+
+fn sh_hook(cmd: &str) -> Option<Hook> {
+    HookBuilder::default()
+        .path("/bin/sh")
+        .args(vec!["sh".to_owned(), "-c".to_owned(), cmd.to_owned()])
+        .env(vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+        ])
+        .build()
+        .ok()
+}
+
+struct Dispatcher {
+    settings: HookSettings,
+    prestart: Vec<(String, Hook)>,
+    poststop: Vec<(String, Hook)>,
+    dirs: Mutex<HooksDirs>,
+    barriers: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    events: Option<Events>,
+    /// File descriptors hooks must not inherit (the fanotify group).
+    close_fds: Mutex<Vec<std::os::fd::RawFd>>,
+}
+
+/// A [`Sink`] that runs hooks and posts Events, then hands the event on.
+pub struct HookSink<S> {
+    out: S,
+    d: Arc<Dispatcher>,
+}
+
+/// The runtime hook's view: wait for a container's prestart hooks.
+pub struct Barrier(Arc<Dispatcher>);
+
+impl lookout_runtime_hook::StartBarrier for Barrier {
+    fn wait(&self, id: &str) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let mut rx = self.0.barriers.lock().ok()?.get(id).cloned()?;
+        Some(Box::pin(async move {
+            let _ = rx.wait_for(|done| *done).await;
+        }))
+    }
+}
+
+impl<S: Sink> HookSink<S> {
+    /// Wraps `out`. Returns the sink and the barrier for the runtime hook.
+    pub fn new(out: S, settings: HookSettings, events: Option<Events>) -> (HookSink<S>, Barrier) {
+        let named = |cmds: &[String]| {
+            cmds.iter()
+                .filter_map(|c| sh_hook(c).map(|h| (format!("sh -c {c:?}"), h)))
+                .collect::<Vec<_>>()
+        };
+        let d = Arc::new(Dispatcher {
+            prestart: named(&settings.prestart),
+            poststop: named(&settings.poststop),
+            dirs: Mutex::new(HooksDirs::new(settings.dirs.clone())),
+            barriers: Mutex::new(HashMap::new()),
+            settings,
+            events,
+            close_fds: Mutex::new(Vec::new()),
+        });
+        (
+            HookSink {
+                out,
+                d: Arc::clone(&d),
+            },
+            Barrier(d),
+        )
+    }
+}
+
+impl<S> HookSink<S> {
+    /// Hooks close `fd` before they exec (give the fanotify group: a hook
+    /// that execs a runtime binary while holding it keeps the group alive,
+    /// and with it every exec waiting on a dead agent).
+    pub fn close_in_hooks(&self, fd: std::os::fd::RawFd) {
+        if let Ok(mut v) = self.d.close_fds.lock() {
+            v.push(fd);
+        }
+    }
+}
+
+impl<S: Sink> Sink for HookSink<S> {
+    fn emit(&mut self, event: ContainerEvent) {
+        Dispatcher::dispatch(&self.d, &event);
+        self.out.emit(event);
+    }
+}
+
+/// A config.json's bytes, bounded, read off the caller's thread.
+async fn read_config(path: PathBuf, timeout: Duration) -> Option<Vec<u8>> {
+    let read = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let f = std::fs::File::open(&path).ok()?;
+        let mut v = Vec::new();
+        f.take(lookout_runtime_hook::oci::MAX_CONFIG_BYTES)
+            .read_to_end(&mut v)
+            .ok()?;
+        Some(v)
+    });
+    tokio::time::timeout(timeout, read).await.ok()?.ok()?
+}
+
+fn has_bind_mounts(config: &serde_json::Value) -> bool {
+    config["mounts"].as_array().is_some_and(|ms| {
+        ms.iter().any(|m| {
+            m["type"] == "bind"
+                || m["options"]
+                    .as_array()
+                    .is_some_and(|o| o.iter().any(|x| x == "bind" || x == "rbind"))
+        })
+    })
+}
+
+impl Dispatcher {
+    fn dispatch(self: &Arc<Self>, event: &ContainerEvent) {
+        let c = &event.container;
+        match event.event {
+            EventKind::Added => {
+                let before_start =
+                    event.source == Source::RuntimeHook && c.status == Status::Created;
+                let runs = !self.prestart.is_empty() || !self.settings.dirs.is_empty();
+                if runs && before_start {
+                    let (tx, rx) = watch::channel(false);
+                    if let Ok(mut b) = self.barriers.lock() {
+                        b.insert(c.id.clone(), rx);
+                    }
+                    let d = Arc::clone(self);
+                    let e = event.clone();
+                    tokio::spawn(async move {
+                        d.run_stage(&e, true).await;
+                        let _ = tx.send(true);
+                        if let Ok(mut b) = d.barriers.lock() {
+                            b.remove(&e.container.id);
+                        }
+                    });
+                } else if runs {
+                    let d = Arc::clone(self);
+                    let e = event.clone();
+                    tokio::spawn(async move { d.run_stage(&e, true).await });
+                }
+                if let Some(ev) = self.events.clone() {
+                    let e = event.clone();
+                    let d = Arc::clone(self);
+                    tokio::spawn(async move { d.post_event(ev, &e).await });
+                }
+            }
+            EventKind::Removed => {
+                if !self.poststop.is_empty() || !self.settings.dirs.is_empty() {
+                    let d = Arc::clone(self);
+                    let e = event.clone();
+                    tokio::spawn(async move { d.run_stage(&e, false).await });
+                }
+            }
+        }
+    }
+
+    fn host(&self, p: &Path) -> PathBuf {
+        self.settings
+            .host_root
+            .join(p.strip_prefix("/").unwrap_or(p))
+    }
+
+    /// Runs the prestart-stage (`create`) or poststop hooks for `e`, one
+    /// after the other, in order.
+    async fn run_stage(&self, e: &ContainerEvent, create: bool) {
+        let c = &e.container;
+        let config = match &c.bundle {
+            Some(b) => read_config(self.host(b).join("config.json"), self.settings.timeout)
+                .await
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok()),
+            None => None,
+        };
+        let mut hooks: Vec<(String, Hook)> = if create {
+            self.prestart.clone()
+        } else {
+            self.poststop.clone()
+        };
+        let process_args: Option<Vec<String>> = match &config {
+            Some(cfg) if cfg.get("process").is_some() => Some(
+                cfg["process"]["args"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
+            Some(_) => None,
+            None => (!c.args.is_empty()).then(|| c.args.clone()),
+        };
+        let target = Target {
+            annotations: &c.annotations,
+            args: process_args.as_deref(),
+            has_bind_mounts: config.as_ref().is_some_and(has_bind_mounts),
+        };
+        if let Ok(mut dirs) = self.dirs.lock() {
+            for h in &dirs.current().hooks {
+                let stage = if create {
+                    h.stages.iter().any(|s| s.runs_at_create())
+                } else {
+                    h.stages.contains(&lookout_oci_hooks::Stage::Poststop)
+                };
+                if stage && h.when.matches(&target) {
+                    hooks.push((h.name.clone(), h.hook.clone()));
+                }
+            }
+        }
+        if hooks.is_empty() {
+            return;
+        }
+        let (status, late) = match (create, c.status) {
+            (false, _) => (ContainerState::Stopped, false),
+            (true, Status::Created) => (ContainerState::Created, false),
+            (true, _) => (ContainerState::Running, true),
+        };
+        let state = match state_of(c, status, e.source, late) {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(id = c.id, %err, "cannot build the OCI state; hooks skipped");
+                return;
+            }
+        };
+        let opts = RunOptions {
+            default_timeout: self.settings.timeout,
+            cwd: c
+                .bundle
+                .as_ref()
+                .map_or_else(|| PathBuf::from("/"), |b| self.host(b)),
+            close_fds: self.close_fds.lock().map(|v| v.clone()).unwrap_or_default(),
+            // The host's namespaces: pid 1 of a hostPID pod is the host's
+            // init. A no-op when the agent already runs in them.
+            namespaces_of: Some(1),
+            ..RunOptions::default()
+        };
+        for (name, hook) in hooks {
+            match run_hook(&hook, &state, &opts).await {
+                Ok(o) if o.success() => tracing::info!(
+                    id = c.id,
+                    hook = name,
+                    status = %status,
+                    duration_ms = o.duration.as_millis() as u64,
+                    stdout = o.stdout.trim_end(),
+                    stderr = o.stderr.trim_end(),
+                    "hook ran"
+                ),
+                Ok(o) => tracing::warn!(
+                    id = c.id,
+                    hook = name,
+                    status = %status,
+                    result = o.describe(),
+                    duration_ms = o.duration.as_millis() as u64,
+                    stdout = o.stdout.trim_end(),
+                    stderr = o.stderr.trim_end(),
+                    "hook failed"
+                ),
+                Err(err) => tracing::warn!(id = c.id, hook = name, %err, "hook did not run"),
+            }
+        }
+    }
+
+    async fn post_event(&self, ev: Events, e: &ContainerEvent) {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let c = &e.container;
+        let config = match &c.bundle {
+            Some(b) => read_config(self.host(b).join("config.json"), self.settings.timeout).await,
+            None => None,
+        };
+        let (reason, note) = match config
+            .as_deref()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        {
+            Some(cfg) => (
+                "NewContainerConfig",
+                format!("container {} ({}): {}", c.id, c.runtime, cfg),
+            ),
+            None => (
+                "ContainerConfigNotFound",
+                format!(
+                    "container {} ({}, found by {}): no readable config.json{}",
+                    c.id,
+                    c.runtime,
+                    e.source,
+                    c.bundle
+                        .as_ref()
+                        .map(|b| format!(" in {}", b.display()))
+                        .unwrap_or_default()
+                ),
+            ),
+        };
+        let mut note = note;
+        if note.len() > NOTE_LIMIT {
+            let mut cut = NOTE_LIMIT - 3;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let reporter = Reporter {
+            controller: "lookout".into(),
+            instance: Some(format!("lookout-{}", ev.node)),
+        };
+        // A recorder per container: one recorder folds events with the
+        // same reason and object into one series, which would keep only
+        // the first container's config.
+        let recorder = Recorder::new(ev.client, reporter);
+        let node = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(ev.node.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note),
+            action: "ContainerAdded".into(),
+            secondary: None,
+        };
+        if let Err(err) = recorder.publish(&event, &node).await {
+            tracing::warn!(id = c.id, %err, "posting the Kubernetes Event failed");
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! OCI hooks run by `lookout run` for real runc containers (issue #5):
+//! `--prestart`/`--poststop`, hooks.d directories, timeouts, Kubernetes
+//! Events (recorded by the test API server).
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lookout_testsupport::apiserver::ApiServer;
+use lookout_testsupport::{bundle, require_program};
+use serde_json::Value;
+
+fn wait_file(path: &Path, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && !s.is_empty()
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn json_file(path: &Path) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = wait_file(path, Duration::from_secs(10));
+        match serde_json::from_str(&text) {
+            Ok(v) => return v,
+            // Still being written.
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("{}: {e}: {text}", path.display()),
+        }
+    }
+}
+
+#[test]
+fn a_prestart_hook_gets_the_created_state_and_finishes_before_the_first_instruction() {
+    if !ready("prestart_hook") || !require_program("prestart_hook", "gcc") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let b = d.join("bundle");
+    bundle::busybox(&b, &["/stamp", "/stamp.out"], |c| {
+        c["annotations"] = serde_json::json!({"com.example/team": "blue"});
+    });
+    let stamp = bundle::monotonic_stamp(d);
+    std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
+    // The hook is slow on purpose: `start` must wait for it.
+    // Other tests' containers run meanwhile: name the files by the id in
+    // the State.
+    let script = d.join("prestart.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "x=$(cat)\nid=$(echo \"$x\" | grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4)\n\
+             echo \"$x\" > {d}/state.$id\nsleep 0.3\n{stamp} {d}/hook-done.$id\n",
+            d = d.display(),
+            stamp = stamp.display()
+        ),
+    )
+    .expect("script");
+    let prestart = format!("sh {}", script.display());
+    let poststop = format!(
+        "x=$(cat); id=$(echo \"$x\" | grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4); echo \"$x\" > {}/poststop.$id",
+        d.display()
+    );
+    let agent = Agent::start(&["--prestart", &prestart, "--poststop", &poststop]);
+    let id = id("prestart");
+    let pid_file = d.join("init.pid");
+    let bs = b.to_str().expect("utf-8");
+    runc_ok(&[
+        "create",
+        "--bundle",
+        bs,
+        "--pid-file",
+        pid_file.to_str().expect("utf-8"),
+        &id,
+    ]);
+    runc_ok(&["start", &id]);
+    let first_instruction = read_stamp(&b.join("rootfs/stamp.out"));
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    cleanup(&id);
+
+    let hook_done = read_stamp(&d.join(format!("hook-done.{id}")));
+    assert!(
+        hook_done < first_instruction,
+        "the prestart hook finished at {hook_done}, after the container's first instruction at {first_instruction}"
+    );
+    let pid: u64 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    let state = json_file(&d.join(format!("state.{id}")));
+    assert_eq!(state["ociVersion"], "1.2.0");
+    assert_eq!(state["id"], id.as_str());
+    assert_eq!(state["status"], "created");
+    assert_eq!(state["pid"], pid);
+    assert_eq!(state["bundle"], bs);
+    assert_eq!(state["annotations"]["com.example/team"], "blue");
+    assert_eq!(state["annotations"]["io.lookout.source"], "runtime-hook");
+    assert!(state["annotations"].get("io.lookout.hook.late").is_none());
+
+    let stopped = json_file(&d.join(format!("poststop.{id}")));
+    assert_eq!(stopped["id"], id.as_str());
+    assert_eq!(stopped["status"], "stopped");
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("hook ran"), "{log}");
+}
+
+#[test]
+fn hooks_d_files_match_on_annotations_commands_and_always_and_bad_ones_are_skipped() {
+    if !ready("hooks_d") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let hooks = d.join("hooks.d");
+    let out = d.join("out");
+    std::fs::create_dir_all(&hooks).expect("mkdir");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    // Each hook touches out/<name>.<container id> (the id from its State).
+    let hook = |name: &str, when: &str, stages: &str| {
+        let script = format!(
+            "id=$(grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4); touch {}/{name}.$id",
+            out.display()
+        );
+        let v = serde_json::json!({
+            "version": "1.0.0",
+            "hook": {"path": "/bin/sh", "args": ["sh", "-c", script], "env": ["PATH=/usr/bin:/bin"]},
+            "when": serde_json::from_str::<Value>(when).expect("when"),
+            "stages": serde_json::from_str::<Value>(stages).expect("stages"),
+        });
+        std::fs::write(hooks.join(format!("{name}.json")), v.to_string()).expect("write hook");
+    };
+    hook("10-always", r#"{"always": true}"#, r#"["prestart"]"#);
+    hook(
+        "20-annot",
+        r#"{"annotations": {"com\\.example/trace": "^yes$"}}"#,
+        r#"["createRuntime"]"#,
+    );
+    hook("30-cmd", r#"{"commands": ["sleep$"]}"#, r#"["prestart"]"#);
+    hook(
+        "40-nomatch",
+        r#"{"annotations": {"com\\.example/trace": "^no$"}}"#,
+        r#"["prestart"]"#,
+    );
+    hook("50-stop", r#"{"always": true}"#, r#"["poststop"]"#);
+    std::fs::write(hooks.join("60-broken.json"), "{ not json").expect("write");
+    std::fs::write(
+        hooks.join("70-missing.json"),
+        r#"{"version":"1.0.0","hook":{"path":"/nonexistent/hook"},"when":{"always":true},"stages":["prestart"]}"#,
+    )
+    .expect("write");
+    std::fs::write(
+        hooks.join("80-regex.json"),
+        r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"commands":["(unclosed"]},"stages":["prestart"]}"#,
+    )
+    .expect("write");
+
+    let agent = Agent::start(&["--hooks-dir", hooks.to_str().expect("utf-8")]);
+    let traced = id("hooksd-a");
+    let plain = id("hooksd-b");
+    let a = bundle::busybox(&d.join("a"), &["/bin/sleep", "1"], |c| {
+        c["annotations"] = serde_json::json!({"com.example/trace": "yes"});
+    });
+    let b = bundle::busybox(&d.join("b"), &["/bin/true"], |_| {});
+    runc_ok(&["run", "-d", "--bundle", a.to_str().expect("utf-8"), &traced]);
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &plain]);
+    agent.wait_event(&traced, "removed", Duration::from_secs(10));
+    agent.wait_event(&plain, "removed", Duration::from_secs(10));
+    cleanup(&traced);
+    cleanup(&plain);
+    let expect = |id: &str, names: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut got: Vec<String> = std::fs::read_dir(&out)
+                .expect("out")
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter_map(|n| n.strip_suffix(&format!(".{id}")).map(str::to_owned))
+                .collect();
+            got.sort();
+            if got == names || Instant::now() > deadline {
+                assert_eq!(got, names, "hooks run for {id}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    expect(&traced, &["10-always", "20-annot", "30-cmd", "50-stop"]);
+    expect(&plain, &["10-always", "50-stop"]);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    for bad in ["60-broken.json", "70-missing.json", "80-regex.json"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("hook file skipped") && l.contains(bad)),
+            "{bad} reported: {log}"
+        );
+    }
+    assert!(log.contains("invalid regex"), "{log}");
+}
+
+#[test]
+fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
+    if !ready("hanging_hook") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // Hangs for containers annotated "hang", finishes at once for others.
+    let hooks = d.join("hooks.d");
+    std::fs::create_dir_all(&hooks).expect("mkdir");
+    std::fs::write(
+        hooks.join("hang.json"),
+        serde_json::json!({
+            "version": "1.0.0",
+            "hook": {"path": "/bin/sleep", "args": ["sleep", "30"]},
+            "when": {"annotations": {"^hang$": ""}},
+            "stages": ["prestart"]
+        })
+        .to_string(),
+    )
+    .expect("write");
+    let agent = Agent::start(&[
+        "--hooks-dir",
+        hooks.to_str().expect("utf-8"),
+        "--hook-timeout",
+        "1s",
+    ]);
+    let slow = id("hang-slow");
+    let other = id("hang-other");
+    let a = bundle::busybox(&d.join("a"), &["sleep", "5"], |c| {
+        c["annotations"] = serde_json::json!({"hang": "yes"});
+    });
+    let b = bundle::busybox(&d.join("b"), &["sleep", "5"], |_| {});
+    runc_ok(&["create", "--bundle", a.to_str().expect("utf-8"), &slow]);
+    agent.wait_event(&slow, "added", Duration::from_secs(5));
+    // While its hook hangs, another container is created, discovered and
+    // started at once.
+    let t = Instant::now();
+    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &other]);
+    agent.wait_event(&other, "added", Duration::from_secs(5));
+    runc_ok(&["start", &other]);
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "others wait: {:?}",
+        t.elapsed()
+    );
+    // The hanging one starts once its hook timed out.
+    let t = Instant::now();
+    runc_ok(&["start", &slow]);
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_secs(3), "start waited {waited:?}");
+    // `runc state` starts no container process: a pipe is fine here.
+    let out = std::process::Command::new("runc")
+        .args(["state", &slow])
+        .output()
+        .expect("runc state");
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "runc state {slow}: {e}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            agent.log()
+        )
+    });
+    assert_eq!(state["status"], "running");
+    cleanup(&slow);
+    cleanup(&other);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !agent.log().contains("timed out") {
+        assert!(
+            Instant::now() < deadline,
+            "no timeout logged:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The hook's `sleep 30` was killed, not left behind.
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", "^sleep 30$"])
+        .output()
+        .expect("pgrep");
+    assert!(
+        left.stdout.is_empty(),
+        "hook left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let (status, _) = agent.stop();
+    assert!(status.success());
+}
+
+#[test]
+fn hooks_for_containers_found_late_say_so_in_the_state() {
+    if !ready("late_hooks") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let early = id("late");
+    let b = bundle::busybox(&d.join("b"), &["sleep", "3"], |_| {});
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &early]);
+    let prestart = format!(
+        "x=$(cat); id=$(echo \"$x\" | grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4); echo \"$x\" > {}/state.$id",
+        d.display()
+    );
+    let agent = Agent::start(&["--prestart", &prestart]);
+    let added = agent.wait_event(&early, "added", Duration::from_secs(5));
+    assert_eq!(added["source"], "state-scan");
+    let state = json_file(&d.join(format!("state.{early}")));
+    cleanup(&early);
+    assert_eq!(state["id"], early.as_str());
+    assert_eq!(state["status"], "running");
+    assert_eq!(state["annotations"]["io.lookout.hook.late"], "true");
+    assert_eq!(state["annotations"]["io.lookout.source"], "state-scan");
+    let _ = agent.stop();
+}
+
+#[test]
+fn new_containers_are_posted_as_kubernetes_events() {
+    if !ready("k8s_events") {
+        return;
+    }
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = server.kubeconfig(dir.path());
+    let agent = Agent::start_with(
+        &["--k8s-events", "--fallback-informer=false"],
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        None,
+    );
+    let id = id("k8s-event");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |c| {
+        c["hostname"] = serde_json::json!("event-host");
+    });
+    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    agent.wait_event(&id, "added", Duration::from_secs(5));
+    cleanup(&id);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        let found = server
+            .events()
+            .into_iter()
+            .find(|e| e["note"].as_str().is_some_and(|n| n.contains(&id)));
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Event posted: {:?}\n{}",
+            server.requests(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(event["reason"], "NewContainerConfig");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["regarding"]["kind"], "Node");
+    assert_eq!(event["regarding"]["name"], "node-a");
+    assert_eq!(event["reportingController"], "lookout");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("event-host"),
+        "the config is in the note: {note}"
+    );
+    assert!(
+        note.len() <= 1024,
+        "k8s limits notes to 1 kB: {}",
+        note.len()
+    );
+    let (status, _) = agent.stop();
+    assert!(status.success());
+}

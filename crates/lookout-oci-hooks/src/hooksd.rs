@@ -1,0 +1,521 @@
+//! hooks.d directories in the oci-hooks(5) 1.0.0 format used by CRI-O and
+//! podman, with the same matching rules as containers/common.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use oci_spec::runtime::Hook;
+use regex::Regex;
+use serde::Deserialize;
+
+/// A lifecycle stage a hook asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// `prestart` (deprecated in the runtime spec; CRI-O runs it as
+    /// `createRuntime`).
+    Prestart,
+    /// `createRuntime`.
+    CreateRuntime,
+    /// `createContainer`.
+    CreateContainer,
+    /// `startContainer`.
+    StartContainer,
+    /// `poststart`.
+    Poststart,
+    /// `poststop`.
+    Poststop,
+}
+
+impl Stage {
+    fn parse(s: &str) -> Option<Stage> {
+        Some(match s {
+            "prestart" => Stage::Prestart,
+            "createRuntime" => Stage::CreateRuntime,
+            "createContainer" => Stage::CreateContainer,
+            "startContainer" => Stage::StartContainer,
+            "poststart" => Stage::Poststart,
+            "poststop" => Stage::Poststop,
+            _ => return None,
+        })
+    }
+
+    /// Whether lookout runs hooks of this stage when a container is added
+    /// (still `created`, before it may start). lookout runs every hook in
+    /// the host namespaces; `createContainer` and `startContainer` hooks,
+    /// which a runtime would run inside the container, run there too.
+    pub fn runs_at_create(&self) -> bool {
+        matches!(
+            self,
+            Stage::Prestart | Stage::CreateRuntime | Stage::CreateContainer | Stage::StartContainer
+        )
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct HookFile {
+    version: String,
+    hook: Hook,
+    #[serde(default)]
+    when: WhenFile,
+    #[serde(default)]
+    stages: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WhenFile {
+    always: Option<bool>,
+    annotations: Option<BTreeMap<String, String>>,
+    commands: Option<Vec<String>>,
+    #[serde(rename = "hasBindMounts")]
+    has_bind_mounts: Option<bool>,
+}
+
+/// The `when` block, regexes compiled.
+#[derive(Debug, Clone)]
+pub struct When {
+    always: Option<bool>,
+    annotations: Vec<(Regex, Regex)>,
+    commands: Vec<Regex>,
+    has_bind_mounts: Option<bool>,
+}
+
+/// What a `when` block is matched against.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The container's annotations.
+    pub annotations: &'a BTreeMap<String, String>,
+    /// `process.args`, when the config has a `process`.
+    pub args: Option<&'a [String]>,
+    /// Whether the config has a bind mount.
+    pub has_bind_mounts: bool,
+}
+
+impl When {
+    /// The oci-hooks(5) 1.0.0 rules, as containers/common implements them:
+    /// every condition that is set must match; regexes are unanchored
+    /// (write `^...$` yourself); `always: false` or `hasBindMounts: false`
+    /// never match; when `commands` is set and the config has a process, the
+    /// command match decides (after the other conditions passed); a `when`
+    /// with no condition never matches.
+    pub fn matches(&self, t: &Target<'_>) -> bool {
+        let mut matched = 0;
+        if let Some(always) = self.always {
+            if !always {
+                return false;
+            }
+            matched += 1;
+        }
+        if let Some(want) = self.has_bind_mounts {
+            if !(want && t.has_bind_mounts) {
+                return false;
+            }
+            matched += 1;
+        }
+        for (key, value) in &self.annotations {
+            let hit = t
+                .annotations
+                .iter()
+                .any(|(k, v)| key.is_match(k) && value.is_match(v));
+            if !hit {
+                return false;
+            }
+            matched += 1;
+        }
+        if let Some(args) = t.args
+            && !self.commands.is_empty()
+        {
+            let Some(command) = args.first() else {
+                return false;
+            };
+            return self.commands.iter().any(|c| c.is_match(command));
+        }
+        matched > 0
+    }
+}
+
+/// One loaded hook file.
+#[derive(Debug, Clone)]
+pub struct HookConfig {
+    /// The file name (hooks run in the lower-cased order of these).
+    pub name: String,
+    /// The file it came from.
+    pub source: PathBuf,
+    /// The program.
+    pub hook: Hook,
+    /// When it applies.
+    pub when: When,
+    /// Its stages.
+    pub stages: Vec<Stage>,
+}
+
+/// A file that was skipped, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.reason)
+    }
+}
+
+/// What a set of directories holds.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// Valid hooks, in the order they run.
+    pub hooks: Vec<HookConfig>,
+    /// Files that were skipped.
+    pub errors: Vec<LoadError>,
+}
+
+/// Hook files are small; a bigger one is refused without being parsed.
+pub const MAX_HOOK_FILE_BYTES: u64 = 1 << 20;
+
+/// Parses one hook file.
+pub fn load_file(path: &Path) -> Result<HookConfig, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_HOOK_FILE_BYTES {
+        return Err(format!("larger than {MAX_HOOK_FILE_BYTES} bytes"));
+    }
+    let text = std::fs::read(path).map_err(|e| e.to_string())?;
+    let f: HookFile = serde_json::from_slice(&text).map_err(|e| format!("invalid JSON: {e}"))?;
+    if f.version != "1.0.0" {
+        return Err(format!(
+            "version {:?}: only the oci-hooks(5) 1.0.0 format is supported",
+            f.version
+        ));
+    }
+    let p = f.hook.path();
+    if !p.is_absolute() {
+        return Err(format!("hook.path {} is not absolute", p.display()));
+    }
+    if let Err(e) = std::fs::metadata(p) {
+        return Err(format!("hook.path {}: {e}", p.display()));
+    }
+    if let Some(t) = f.hook.timeout()
+        && t <= 0
+    {
+        return Err(format!("hook.timeout {t} must be greater than zero"));
+    }
+    if f.stages.is_empty() {
+        return Err("stages is empty".into());
+    }
+    let mut stages = Vec::new();
+    for s in &f.stages {
+        match Stage::parse(s) {
+            Some(st) => stages.push(st),
+            None => return Err(format!("unknown stage {s:?}")),
+        }
+    }
+    let compile = |what: &str, re: &str| {
+        Regex::new(re).map_err(|e| format!("when.{what}: invalid regex {re:?}: {e}"))
+    };
+    let mut annotations = Vec::new();
+    for (k, v) in f.when.annotations.iter().flatten() {
+        annotations.push((compile("annotations", k)?, compile("annotations", v)?));
+    }
+    let mut commands = Vec::new();
+    for c in f.when.commands.iter().flatten() {
+        commands.push(compile("commands", c)?);
+    }
+    let when = When {
+        always: f.when.always,
+        annotations,
+        commands,
+        has_bind_mounts: f.when.has_bind_mounts,
+    };
+    if when.always.is_none()
+        && when.has_bind_mounts.is_none()
+        && when.annotations.is_empty()
+        && when.commands.is_empty()
+    {
+        return Err("when has no condition (set at least one of always, annotations, commands, hasBindMounts)".into());
+    }
+    Ok(HookConfig {
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        source: path.to_path_buf(),
+        hook: f.hook,
+        when,
+        stages,
+    })
+}
+
+/// Loads `dirs` in order: a file in a later directory replaces the file of
+/// the same name in an earlier one; only `*.json` files count; hooks are
+/// ordered by lower-cased file name. A missing directory is no error.
+pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
+    let mut by_name: HashMap<String, PathBuf> = HashMap::new();
+    let mut errors = Vec::new();
+    for dir in dirs {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                errors.push(LoadError {
+                    path: dir.clone(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".json") {
+                by_name.insert(name, entry.path());
+            }
+        }
+    }
+    let mut files: Vec<(String, PathBuf)> = by_name.into_iter().collect();
+    files.sort_by(|a, b| {
+        a.0.to_lowercase()
+            .cmp(&b.0.to_lowercase())
+            .then(a.0.cmp(&b.0))
+    });
+    let mut hooks = Vec::new();
+    for (_, path) in files {
+        match load_file(&path) {
+            Ok(h) => hooks.push(h),
+            Err(reason) => errors.push(LoadError { path, reason }),
+        }
+    }
+    Loaded { hooks, errors }
+}
+
+/// hooks.d directories that reload when they change: each [`HooksDirs::current`]
+/// compares the directories' files (names, sizes, modification times) with
+/// the last load, a `readdir` and a `stat` per file.
+#[derive(Debug, Default)]
+pub struct HooksDirs {
+    dirs: Vec<PathBuf>,
+    fingerprint: Vec<(PathBuf, u64, Option<SystemTime>)>,
+    loaded: Loaded,
+}
+
+impl HooksDirs {
+    /// Watches `dirs` (later ones override earlier ones by file name).
+    pub fn new(dirs: Vec<PathBuf>) -> HooksDirs {
+        let mut h = HooksDirs {
+            dirs,
+            ..HooksDirs::default()
+        };
+        h.reload();
+        h
+    }
+
+    fn fingerprint(&self) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+        let mut v = Vec::new();
+        for d in &self.dirs {
+            let Ok(entries) = std::fs::read_dir(d) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let meta = e.metadata().ok();
+                v.push((
+                    e.path(),
+                    meta.as_ref().map_or(0, |m| m.len()),
+                    meta.and_then(|m| m.modified().ok()),
+                ));
+            }
+        }
+        v.sort();
+        v
+    }
+
+    fn reload(&mut self) {
+        self.fingerprint = self.fingerprint();
+        self.loaded = load_dirs(&self.dirs);
+        for e in &self.loaded.errors {
+            tracing::warn!(file = %e.path.display(), reason = e.reason, "hook file skipped");
+        }
+        if !self.dirs.is_empty() {
+            tracing::info!(
+                hooks = self.loaded.hooks.len(),
+                skipped = self.loaded.errors.len(),
+                "hooks.d loaded"
+            );
+        }
+    }
+
+    /// The hooks now, reloaded first if a directory changed.
+    pub fn current(&mut self) -> &Loaded {
+        if !self.dirs.is_empty() && self.fingerprint() != self.fingerprint {
+            self.reload();
+        }
+        &self.loaded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn when(json: &str) -> When {
+        let d = tempfile::tempdir().expect("tempdir");
+        let f = d.path().join("h.json");
+        std::fs::write(
+            &f,
+            format!(r#"{{"version":"1.0.0","hook":{{"path":"/bin/sh"}},"when":{json},"stages":["prestart"]}}"#),
+        )
+        .expect("write");
+        load_file(&f).expect("valid").when
+    }
+
+    fn target<'a>(
+        a: &'a BTreeMap<String, String>,
+        args: Option<&'a [String]>,
+        bind: bool,
+    ) -> Target<'a> {
+        Target {
+            annotations: a,
+            args,
+            has_bind_mounts: bind,
+        }
+    }
+
+    #[test]
+    fn matching_follows_containers_common() {
+        let ann = BTreeMap::from([("io.example/trace".to_owned(), "yes-please".to_owned())]);
+        let none = BTreeMap::new();
+        let args = vec!["/usr/bin/nginx".to_owned(), "-g".to_owned()];
+        assert!(when(r#"{"always":true}"#).matches(&target(&none, None, false)));
+        assert!(!when(r#"{"always":false}"#).matches(&target(&ann, Some(&args), true)));
+        // Unanchored regexes, keys and values.
+        assert!(when(r#"{"annotations":{"trace":"yes"}}"#).matches(&target(&ann, None, false)));
+        assert!(!when(r#"{"annotations":{"^trace$":"yes"}}"#).matches(&target(&ann, None, false)));
+        assert!(!when(r#"{"annotations":{"trace":"^no"}}"#).matches(&target(&ann, None, false)));
+        // All conditions must hold.
+        assert!(
+            !when(r#"{"always":true,"annotations":{"missing":".*"}}"#)
+                .matches(&target(&ann, None, false))
+        );
+        assert!(when(r#"{"hasBindMounts":true}"#).matches(&target(&none, None, true)));
+        assert!(!when(r#"{"hasBindMounts":true}"#).matches(&target(&none, None, false)));
+        assert!(!when(r#"{"hasBindMounts":false}"#).matches(&target(&none, None, false)));
+        // Commands decide once the rest passed; they match args[0].
+        assert!(when(r#"{"commands":["nginx$"]}"#).matches(&target(&none, Some(&args), false)));
+        assert!(!when(r#"{"commands":["^-g$"]}"#).matches(&target(&none, Some(&args), false)));
+        assert!(
+            when(r#"{"annotations":{"trace":""},"commands":["nginx"]}"#).matches(&target(
+                &ann,
+                Some(&args),
+                false
+            ))
+        );
+        assert!(
+            !when(r#"{"annotations":{"nope":""},"commands":["nginx"]}"#).matches(&target(
+                &ann,
+                Some(&args),
+                false
+            ))
+        );
+        // Without a process, commands alone cannot match.
+        assert!(!when(r#"{"commands":["nginx"]}"#).matches(&target(&none, None, false)));
+    }
+
+    #[test]
+    fn bad_files_are_reported_by_name_and_the_rest_load_in_order() {
+        let a = tempfile::tempdir().expect("tempdir");
+        let b = tempfile::tempdir().expect("tempdir");
+        let good = |stage: &str| {
+            format!(
+                r#"{{"version":"1.0.0","hook":{{"path":"/bin/true"}},"when":{{"always":true}},"stages":["{stage}"]}}"#
+            )
+        };
+        let w = |d: &Path, n: &str, s: &str| std::fs::write(d.join(n), s).expect("write");
+        w(a.path(), "20-b.json", &good("prestart"));
+        w(a.path(), "10-A.json", &good("poststop"));
+        w(
+            a.path(),
+            "30-over.json",
+            r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":false},"stages":["prestart"]}"#,
+        );
+        w(b.path(), "30-over.json", &good("createRuntime"));
+        w(a.path(), "notes.txt", "ignored");
+        w(a.path(), "40-json.json", "{ not json");
+        w(
+            a.path(),
+            "50-missing.json",
+            r#"{"version":"1.0.0","hook":{"path":"/nonexistent/hook"},"when":{"always":true},"stages":["prestart"]}"#,
+        );
+        w(
+            a.path(),
+            "60-regex.json",
+            r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"commands":["("]},"stages":["prestart"]}"#,
+        );
+        w(
+            a.path(),
+            "70-stage.json",
+            r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["postmortem"]}"#,
+        );
+        w(
+            a.path(),
+            "80-old.json",
+            r#"{"version":"0.1.0","hook":"/bin/true","stage":["prestart"]}"#,
+        );
+        w(
+            a.path(),
+            "90-nowhen.json",
+            r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"stages":["prestart"]}"#,
+        );
+        let l = load_dirs(&[
+            a.path().to_path_buf(),
+            b.path().to_path_buf(),
+            PathBuf::from("/nonexistent"),
+        ]);
+        let names: Vec<&str> = l.hooks.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["10-A.json", "20-b.json", "30-over.json"]);
+        assert_eq!(
+            l.hooks[2].stages,
+            [Stage::CreateRuntime],
+            "the later directory wins"
+        );
+        let mut bad: Vec<String> = l
+            .errors
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.path
+                        .file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default(),
+                    e.reason
+                )
+            })
+            .collect();
+        bad.sort();
+        assert_eq!(bad.len(), 6, "{bad:?}");
+        assert!(bad[0].starts_with("40-json.json: invalid JSON"), "{bad:?}");
+        assert!(bad[1].contains("/nonexistent/hook"), "{bad:?}");
+        assert!(bad[2].contains("invalid regex \"(\""), "{bad:?}");
+        assert!(bad[3].contains("unknown stage \"postmortem\""), "{bad:?}");
+        assert!(bad[4].starts_with("80-old.json"), "{bad:?}");
+        assert!(bad[5].contains("when has no condition"), "{bad:?}");
+    }
+
+    #[test]
+    fn directories_reload_when_a_file_changes() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut dirs = HooksDirs::new(vec![d.path().to_path_buf()]);
+        assert!(dirs.current().hooks.is_empty());
+        std::fs::write(
+            d.path().join("a.json"),
+            r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["poststop"]}"#,
+        )
+        .expect("write");
+        assert_eq!(dirs.current().hooks.len(), 1);
+        std::fs::remove_file(d.path().join("a.json")).expect("rm");
+        assert!(dirs.current().hooks.is_empty());
+    }
+}

@@ -1,0 +1,69 @@
+//! OCI hooks for containers lookout discovers: run existing hook programs
+//! (written for the `hooks` of a runtime's config.json) for every container
+//! on a node, without touching the runtime's configuration.
+//!
+//! # Overview
+//!
+//! - [`state_of`] synthesizes the OCI [`State`](oci_spec::runtime::State)
+//!   (ociVersion, id, status, pid, bundle, annotations) with the oci-spec
+//!   crate's types.
+//! - [`run_hook`] runs one [`Hook`](oci_spec::runtime::Hook): the State on
+//!   stdin, `args`/`env` as given, a working directory, its own process
+//!   group killed and reaped at the timeout, stdout/stderr captured up to a
+//!   limit, exit status and duration in the [`Outcome`].
+//! - [`HooksDirs`] loads hooks.d directories in the oci-hooks(5) 1.0.0 JSON
+//!   format of CRI-O and podman, with the same matching rules
+//!   ([`When::matches`]), and reloads them when they change. Invalid files
+//!   are reported by name and skipped.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), lookout_oci_hooks::Error> {
+//! use lookout_model::{Container, RuntimeKind, Source};
+//! use lookout_oci_hooks::{RunOptions, run_hook, state_of};
+//! use oci_spec::runtime::{ContainerState, HookBuilder};
+//!
+//! let mut c = Container::new("c1", RuntimeKind::Runc);
+//! c.pid = Some(4242);
+//! let state = state_of(&c, ContainerState::Created, Source::RuntimeHook, false)?;
+//! let hook = HookBuilder::default()
+//!     .path("/bin/sh")
+//!     .args(vec!["sh".into(), "-c".into(), "cat > /tmp/state.json".into()])
+//!     .build()
+//!     .expect("a valid hook");
+//! let outcome = run_hook(&hook, &state, &RunOptions::default()).await?;
+//! println!("{} in {:?}", outcome.describe(), outcome.duration);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod hooksd;
+mod run;
+mod state;
+
+pub use hooksd::{
+    HookConfig, HooksDirs, LoadError, Loaded, MAX_HOOK_FILE_BYTES, Stage, Target, When, load_dirs,
+    load_file,
+};
+pub use oci_spec;
+pub use run::{Outcome, RunOptions, run_hook};
+pub use state::{LATE_ANNOTATION, OCI_VERSION, SOURCE_ANNOTATION, state_of};
+
+use std::path::PathBuf;
+
+/// Errors of running a hook.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The hook could not be started (missing binary, no permission, a
+    /// namespace that cannot be entered).
+    #[error("cannot start hook {}: {source}", path.display())]
+    Spawn {
+        /// The program (or namespace file).
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The State could not be built or encoded.
+    #[error("OCI state: {0}")]
+    State(String),
+}

@@ -1,0 +1,252 @@
+//! Running one hook program: the State on stdin, a timeout after which
+//! its whole process group is killed and reaped, bounded output capture.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use oci_spec::runtime::{Hook, State};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::Error;
+
+/// How to run hooks.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The timeout when the hook has none of its own.
+    pub default_timeout: Duration,
+    /// The working directory (the runtime spec defines none; runc-hook
+    /// style programs expect the bundle).
+    pub cwd: PathBuf,
+    /// Bytes of stdout and of stderr kept; the rest is read and dropped.
+    pub output_limit: usize,
+    /// File descriptors to close in the child before it execs. N.B. give
+    /// the fanotify group here: a child that still holds it while it execs
+    /// a marked runtime binary keeps the group alive, and the kernel's
+    /// "listener gone, allow everything" safety net with it.
+    pub close_fds: Vec<RawFd>,
+    /// Enter the namespaces of this process (pid 1 for the host's, from a
+    /// pod with `hostPID`) before exec: mnt, net, ipc, uts. `None`: stay in
+    /// ours.
+    pub namespaces_of: Option<u32>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            default_timeout: Duration::from_secs(10),
+            cwd: PathBuf::from("/"),
+            output_limit: 64 * 1024,
+            close_fds: Vec::new(),
+            namespaces_of: None,
+        }
+    }
+}
+
+/// What happened to a hook.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// How it ended (`None` if it could not be waited for).
+    pub status: Option<ExitStatus>,
+    /// Whether it was killed at the timeout.
+    pub timed_out: bool,
+    /// From spawn to reaped.
+    pub duration: Duration,
+    /// Its stdout, up to the limit (lossy UTF-8).
+    pub stdout: String,
+    /// Its stderr, up to the limit (lossy UTF-8).
+    pub stderr: String,
+    /// Whether output was cut at the limit.
+    pub truncated: bool,
+}
+
+impl Outcome {
+    /// Exit status 0 within the timeout.
+    pub fn success(&self) -> bool {
+        !self.timed_out && self.status.is_some_and(|s| s.success())
+    }
+
+    /// `exit 3`, `signal 9`, `timed out after 1s`, for logs.
+    pub fn describe(&self) -> String {
+        if self.timed_out {
+            return format!("timed out after {:?} and was killed", self.duration);
+        }
+        match self.status {
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit {c}"),
+                (None, Some(sig)) => format!("signal {sig}"),
+                _ => "unknown status".into(),
+            },
+            None => "not waited for".into(),
+        }
+    }
+}
+
+/// Reads everything from `r`, keeping the first `limit` bytes.
+async fn capture(mut r: impl AsyncRead + Unpin, limit: usize) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut cut = false;
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                cut |= n > room;
+            }
+        }
+    }
+    (kept, cut)
+}
+
+fn open_namespaces(pid: u32) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    for ns in ["ipc", "uts", "net", "mnt"] {
+        let theirs = format!("/proc/{pid}/ns/{ns}");
+        let ours = format!("/proc/self/ns/{ns}");
+        match (std::fs::read_link(&theirs), std::fs::read_link(&ours)) {
+            // Already there: setns would be a no-op that needs privileges.
+            (Ok(a), Ok(b)) if a == b => continue,
+            (Ok(_), _) => {}
+            // Not ours to inspect (no CAP_SYS_PTRACE over it, or a VM init
+            // that hides itself): stay where we are, and say so.
+            (Err(e), _) => {
+                tracing::debug!(ns, pid, %e, "cannot inspect the namespace; the hook runs in ours");
+                continue;
+            }
+        }
+        match std::fs::File::open(&theirs) {
+            Ok(f) => fds.push(OwnedFd::from(f)),
+            Err(e) => {
+                tracing::warn!(ns, pid, %e, "cannot enter the namespace; the hook runs in ours");
+            }
+        }
+    }
+    fds
+}
+
+/// Runs `hook` with `state` on stdin.
+///
+/// The hook gets `hook.args` as its argv (`args[0]` is argv\[0\], as with
+/// execv), exactly `hook.env` as its environment (none when unset, like
+/// containers/common), and `opts.cwd`. It runs in its own process group;
+/// at the timeout (`hook.timeout` seconds, else `opts.default_timeout`) the
+/// whole group is killed with SIGKILL and the hook reaped.
+pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<Outcome, Error> {
+    let path = hook.path().clone();
+    let input = serde_json::to_vec(state).map_err(|e| Error::State(e.to_string()))?;
+    let timeout = hook
+        .timeout()
+        .filter(|t| *t > 0)
+        .map_or(opts.default_timeout, |t| Duration::from_secs(t as u64));
+    let mut cmd = tokio::process::Command::new(&path);
+    if let Some((first, rest)) = hook.args().as_deref().and_then(|a| a.split_first()) {
+        cmd.arg0(first);
+        cmd.args(rest);
+    }
+    cmd.env_clear();
+    for kv in hook.env().iter().flatten() {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                cmd.env(k, v);
+            }
+            _ => tracing::debug!(entry = kv, "hook env entry without '=' ignored"),
+        }
+    }
+    let cwd = if opts.cwd.is_dir() {
+        opts.cwd.clone()
+    } else {
+        PathBuf::from("/")
+    };
+    cmd.current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let namespaces = match opts.namespaces_of {
+        Some(pid) => open_namespaces(pid),
+        None => Vec::new(),
+    };
+    let ns_fds: Vec<RawFd> = namespaces.iter().map(AsRawFd::as_raw_fd).collect();
+    let close = opts.close_fds.clone();
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe syscalls (close, setns) on plain integers.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &close {
+                libc::close(*fd);
+            }
+            for fd in &ns_fds {
+                if libc::setns(*fd, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        path: path.clone(),
+        source,
+    })?;
+    drop(namespaces);
+    let pgid = child.id();
+    if let Some(mut stdin) = child.stdin.take() {
+        // A hook that does not read its stdin must not block us: write
+        // from a task, and ignore EPIPE.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let out = child
+        .stdout
+        .take()
+        .map(|o| tokio::spawn(capture(o, opts.output_limit)));
+    let err = child
+        .stderr
+        .take()
+        .map(|e| tokio::spawn(capture(e, opts.output_limit)));
+    let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(s) => (s.ok(), false),
+        Err(_) => {
+            if let Some(pg) = pgid {
+                // SAFETY: kill(2) on the process group we created.
+                unsafe { libc::kill(-(pg as i32), libc::SIGKILL) };
+            }
+            let _ = child.start_kill();
+            (child.wait().await.ok(), true)
+        }
+    };
+    let duration = started.elapsed();
+    // Output of descendants that outlive the hook is not waited for long.
+    let collect = |h: Option<tokio::task::JoinHandle<(Vec<u8>, bool)>>| async move {
+        match h {
+            Some(h) => {
+                let abort = h.abort_handle();
+                match tokio::time::timeout(Duration::from_millis(200), h).await {
+                    Ok(Ok(v)) => v,
+                    _ => {
+                        abort.abort();
+                        (Vec::new(), false)
+                    }
+                }
+            }
+            None => (Vec::new(), false),
+        }
+    };
+    let (stdout, cut_out) = collect(out).await;
+    let (stderr, cut_err) = collect(err).await;
+    Ok(Outcome {
+        status,
+        timed_out,
+        duration,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        truncated: cut_out || cut_err,
+    })
+}

@@ -1,0 +1,164 @@
+//! Running real hook programs (/bin/sh scripts): stdin, args, env, cwd,
+//! exit codes, timeouts that kill the whole group, bounded output.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use lookout_model::{Container, RuntimeKind, Source};
+use lookout_oci_hooks::oci_spec::runtime::{ContainerState, Hook, HookBuilder};
+use lookout_oci_hooks::{Error, RunOptions, run_hook, state_of};
+
+fn sh(script: &str) -> Hook {
+    HookBuilder::default()
+        .path("/bin/sh")
+        .args(vec![
+            "hook-sh".to_owned(),
+            "-c".to_owned(),
+            script.to_owned(),
+        ])
+        .env(vec![
+            "FOO=bar baz".to_owned(),
+            "PATH=/usr/bin:/bin".to_owned(),
+        ])
+        .build()
+        .expect("hook")
+}
+
+fn state() -> lookout_oci_hooks::oci_spec::runtime::State {
+    let mut c = Container::new("c-42", RuntimeKind::Runc);
+    c.pid = Some(4242);
+    c.bundle = Some("/run/bundle".into());
+    c.annotations.insert("k".into(), "v".into());
+    state_of(&c, ContainerState::Created, Source::RuntimeHook, false).expect("state")
+}
+
+#[tokio::test]
+async fn the_state_arrives_on_stdin_with_args_env_and_cwd() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let out = d.path().join("state.json");
+    let hook = sh(&format!(
+        "cat > {}; echo \"argv0=$0 foo=$FOO home=${{HOME:-unset}} cwd=$(pwd)\"; echo oops >&2; exit 3",
+        out.display()
+    ));
+    let opts = RunOptions {
+        cwd: d.path().to_path_buf(),
+        ..RunOptions::default()
+    };
+    let o = run_hook(&hook, &state(), &opts).await.expect("ran");
+    assert_eq!(o.status.and_then(|s| s.code()), Some(3));
+    assert!(!o.success());
+    assert_eq!(o.describe(), "exit 3");
+    let cwd = d.path().canonicalize().expect("canonical");
+    assert_eq!(
+        o.stdout.trim(),
+        format!("argv0=hook-sh foo=bar baz home=unset cwd={}", cwd.display())
+    );
+    assert_eq!(o.stderr.trim(), "oops");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("state file")).expect("JSON");
+    assert_eq!(v["id"], "c-42");
+    assert_eq!(v["status"], "created");
+    assert_eq!(v["pid"], 4242);
+    assert_eq!(v["bundle"], "/run/bundle");
+    assert_eq!(v["annotations"]["k"], "v");
+}
+
+#[tokio::test]
+async fn a_hanging_hook_and_its_children_are_killed_at_the_timeout() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let pidfile = d.path().join("child.pid");
+    let hook = sh(&format!("sleep 30 & echo $! > {}; wait", pidfile.display()));
+    let opts = RunOptions {
+        default_timeout: Duration::from_millis(300),
+        ..RunOptions::default()
+    };
+    let t = Instant::now();
+    let o = run_hook(&hook, &state(), &opts).await.expect("ran");
+    assert!(o.timed_out, "{o:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(o.describe().starts_with("timed out"), "{}", o.describe());
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    // The grandchild was in the hook's process group: it is gone too (it
+    // may linger as a zombie of init for a moment).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let gone = stat.is_empty() || stat.contains(") Z");
+        if gone {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hook's child survived: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its own timeout wins over the default.
+    let mut quick = sh("sleep 5");
+    quick.set_timeout(Some(1));
+    let o = run_hook(&quick, &state(), &RunOptions::default())
+        .await
+        .expect("ran");
+    assert!(o.timed_out && o.duration < Duration::from_secs(3), "{o:?}");
+}
+
+#[tokio::test]
+async fn output_is_bounded_and_hooks_that_ignore_stdin_do_not_block() {
+    let hook =
+        sh("head -c 300000 /dev/zero | tr '\\0' x; head -c 300000 /dev/zero | tr '\\0' y >&2");
+    let opts = RunOptions {
+        output_limit: 1000,
+        ..RunOptions::default()
+    };
+    let o = run_hook(&hook, &state(), &opts).await.expect("ran");
+    assert!(o.success(), "{o:?}");
+    assert!(o.truncated);
+    assert_eq!(o.stdout.len(), 1000);
+    assert_eq!(o.stderr.len(), 1000);
+    assert!(o.stdout.bytes().all(|b| b == b'x'));
+}
+
+#[tokio::test]
+async fn a_missing_program_is_an_error_naming_it() {
+    let hook = HookBuilder::default()
+        .path("/nonexistent/hook")
+        .build()
+        .expect("hook");
+    let e = run_hook(&hook, &state(), &RunOptions::default())
+        .await
+        .expect_err("missing");
+    assert!(matches!(e, Error::Spawn { .. }));
+    assert!(e.to_string().contains("/nonexistent/hook"), "{e}");
+}
+
+#[tokio::test]
+async fn chosen_fds_are_closed_in_the_hook() {
+    let f = std::fs::File::open("/dev/null").expect("open");
+    // Clear CLOEXEC so that, unless closed on purpose, the hook would
+    // inherit it.
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on an fd we own.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let check = sh(&format!(
+        "test -e /proc/self/fd/{fd} && echo open || echo closed"
+    ));
+    let o = run_hook(&check, &state(), &RunOptions::default())
+        .await
+        .expect("ran");
+    assert_eq!(
+        o.stdout.trim(),
+        "open",
+        "the control: inherited without close_fds"
+    );
+    let opts = RunOptions {
+        close_fds: vec![fd],
+        ..RunOptions::default()
+    };
+    let o = run_hook(&check, &state(), &opts).await.expect("ran");
+    assert_eq!(o.stdout.trim(), "closed");
+    drop(f);
+}
