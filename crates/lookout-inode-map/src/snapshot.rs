@@ -247,17 +247,14 @@ impl InodeMap {
                 )?;
                 match policy {
                     ConflictPolicy::Remap => {
-                        if !m.contains_key(&e.ino) {
+                        if let std::collections::hash_map::Entry::Vacant(slot) = m.entry(e.ino) {
                             let out = self.next;
                             self.next += 1;
-                            m.insert(
-                                e.ino,
-                                Entry {
-                                    out,
-                                    stamp: e.stamp,
-                                    live: false,
-                                },
-                            );
+                            slot.insert(Entry {
+                                out,
+                                stamp: e.stamp,
+                                live: false,
+                            });
                             taken.insert(out);
                         }
                         report.remapped += 1;
@@ -407,7 +404,7 @@ mod tests {
         bytes[8] = 9;
         assert!(
             Snapshot::load(&bytes[..])
-                .unwrap_err()
+                .expect_err("version 9")
                 .to_string()
                 .contains("version 9")
         );
