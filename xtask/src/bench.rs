@@ -27,6 +27,52 @@ pub struct Options {
     /// Containers for the churn measurement.
     #[arg(long, default_value_t = 500)]
     pub churn: usize,
+    /// Entries per mode for the inode-map measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub inode_entries: u64,
+    /// Run only one part: `agent` or `inode-map`.
+    #[arg(long, value_name = "PART")]
+    pub only: Option<String>,
+}
+
+/// Prints the inode-map table.
+fn print_inode(v: &Value) {
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let m = &v["map"];
+    println!(
+        "\ninode map, {} entries per mode (a bare hash map lookup here: {:.0} ns)\n",
+        g(m, "entries"),
+        g(m, "bare_hashmap_lookup_ns")
+    );
+    println!(
+        "| mode | insert (ns) | lookup (ns) | lookup, random order (ns) | bytes/entry | snapshot save (ms) | restore (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for mode in ["passthrough", "xino", "allocated", "hashed"] {
+        let x = &m["modes"][mode];
+        let opt = |k: &str| {
+            x.get(k)
+                .and_then(Value::as_f64)
+                .map_or("-".to_owned(), |f| format!("{f:.0}"))
+        };
+        println!(
+            "| {mode} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            g(x, "insert_ns"),
+            g(x, "lookup_ns"),
+            g(x, "lookup_random_ns"),
+            g(x, "bytes_per_entry"),
+            opt("snapshot_save_ms"),
+            opt("snapshot_restore_ms")
+        );
+    }
+    let l = &v["listing_50k"];
+    println!(
+        "\nlisting {} entries: raw {:.1} ms, through stablefs (passthrough) {:.1} ms, ratio {:.2}",
+        l["entries"],
+        g(l, "raw_ms_p50"),
+        g(l, "stablefs_passthrough_ms_p50"),
+        g(l, "ratio")
+    );
 }
 
 fn now_ns() -> u64 {
@@ -220,6 +266,23 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         bail!(
             "the benchmark needs root (fanotify permission events, BPF, runc): sudo -E cargo xtask bench"
         );
+    }
+    if opts.only.as_deref() == Some("inode-map") {
+        let out_dir = workspace_root().join("target/bench");
+        let work = out_dir.join("work");
+        std::fs::create_dir_all(&work)?;
+        let v = crate::bench_inode::bench_inode_map(&work, opts.inode_entries)?;
+        let path = out_dir.join("report.json");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&json!({ "inode_map": v }))?,
+        )?;
+        print_inode(&v);
+        println!("report: {}", path.display());
+        return Ok(());
+    }
+    if let Some(other) = opts.only.as_deref().filter(|o| *o != "agent") {
+        bail!("--only {other}: use agent or inode-map");
     }
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
@@ -529,6 +592,18 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             "peak_rss_kb": peak.load(std::sync::atomic::Ordering::Relaxed), "rss_after_kb": rss_after,
         },
     });
+    let inode = if opts.only.is_none() {
+        Some(crate::bench_inode::bench_inode_map(
+            &work,
+            opts.inode_entries,
+        )?)
+    } else {
+        None
+    };
+    let mut report = report;
+    if let Some(v) = &inode {
+        report["inode_map"] = v.clone();
+    }
     std::fs::create_dir_all(&out_dir)?;
     let path = out_dir.join("report.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
@@ -590,6 +665,9 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         g(ch, "cpu_s"),
         ch["peak_rss_kb"]
     );
+    if let Some(v) = &inode {
+        print_inode(v);
+    }
     println!("report: {}", path.display());
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask`: lookout's build tasks. One module per subcommand.
 
 mod bench;
+mod bench_inode;
 mod build_ebpf;
 mod run;
 mod test;

@@ -16,7 +16,9 @@ pub struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // hashbrown takes the bucket from the low bits and a tag from the
+        // top 7: fold the well-mixed high half into the low one.
+        self.0 ^ (self.0 >> 32)
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
@@ -185,6 +187,10 @@ pub const FALLBACK_BASE: u64 = 1 << 63;
 pub struct InodeMap {
     pub(crate) mode: Mode,
     pub(crate) devices: Devices,
+    /// The first devices' `st_dev` → slot, scanned before the table.
+    dev_slots: Vec<(u64, u32)>,
+    /// Hashed: per slot, the hash of the device identity.
+    seeds: IntMap<u32, u64>,
     /// Allocated (and Xino/Hashed fallbacks): per device slot, host ino →
     /// entry.
     pub(crate) entries: IntMap<u32, IntMap<u64, Entry>>,
@@ -215,6 +221,8 @@ impl InodeMap {
         InodeMap {
             mode,
             devices: Devices::new(bits),
+            dev_slots: Vec::new(),
+            seeds: IntMap::default(),
             entries: IntMap::default(),
             owners: IntMap::default(),
             next: 2,
@@ -235,7 +243,12 @@ impl InodeMap {
     /// Call it before mapping files of that device; again after the device
     /// number changed (a reboot), with the same identity.
     pub fn register_device(&mut self, dev: u64, identity: DeviceIdentity) -> Result<u32, Error> {
-        self.devices.register(dev, identity)
+        let slot = self.devices.register(dev, identity)?;
+        self.dev_slots.retain(|(d, _)| *d != dev);
+        if self.dev_slots.len() < 16 {
+            self.dev_slots.push((dev, slot));
+        }
+        Ok(slot)
     }
 
     /// The devices and their slots.
@@ -243,7 +256,14 @@ impl InodeMap {
         &self.devices
     }
 
+    #[inline]
     fn slot(&self, dev: u64) -> Result<u32, Error> {
+        // A handful of devices: a scan beats hashing.
+        for &(d, s) in &self.dev_slots {
+            if d == dev {
+                return Ok(s);
+            }
+        }
         self.devices.index_of(dev).ok_or(Error::UnknownDevice(dev))
     }
 
@@ -315,10 +335,14 @@ impl InodeMap {
     fn allocated(&mut self, slot: u32, ino: u64, stamp: Stamp, fallback: bool) -> u64 {
         if let Some(e) = self.entries.get_mut(&slot).and_then(|m| m.get_mut(&ino)) {
             if !e.stamp.differs(stamp) {
-                if e.stamp == Stamp::UNKNOWN {
+                // N.B. write only what changes: a hit that dirties its
+                // cache line costs a write-back on every lookup.
+                if e.stamp == Stamp::UNKNOWN && stamp != Stamp::UNKNOWN {
                     e.stamp = stamp;
                 }
-                e.live = true;
+                if !e.live {
+                    e.live = true;
+                }
                 return e.out;
             }
             // The host freed this inode and gave it to a new file: the old
@@ -354,10 +378,17 @@ impl InodeMap {
             return Ok(e.out);
         }
         let handle = handle.ok_or(Error::NeedHandle)?;
-        let seed = self
-            .devices
-            .identity(slot)
-            .map_or(u64::from(slot), |id| fnv1a(id.0.as_bytes(), 0));
+        let seed = match self.seeds.get(&slot) {
+            Some(s) => *s,
+            None => {
+                let s = self
+                    .devices
+                    .identity(slot)
+                    .map_or(u64::from(slot), |id| fnv1a(id.0.as_bytes(), 0));
+                self.seeds.insert(slot, s);
+                s
+            }
+        };
         let mut n = fnv1a(handle, seed) & (FALLBACK_BASE - 1);
         if n < 2 {
             n += 2;
@@ -372,7 +403,7 @@ impl InodeMap {
                     self.tombstones.insert(n, ());
                     return Ok(self.allocated(slot, ino, stamp, true));
                 }
-                if o.stamp == Stamp::UNKNOWN {
+                if o.stamp == Stamp::UNKNOWN && stamp != Stamp::UNKNOWN {
                     o.stamp = stamp;
                 }
                 Ok(n)
