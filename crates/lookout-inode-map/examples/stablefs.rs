@@ -393,10 +393,14 @@ impl Filesystem for StableFs {
         for e in rd.flatten() {
             // d_ino and d_type from getdents: no stat per entry...
             let name = e.file_name();
-            let path = dir.join(&name);
             let ft = e.file_type().map(kind).unwrap_or(FileType::RegularFile);
             let hashed = matches!(mode, Mode::Hashed);
-            let n = if self.mountpoints.contains(&path) || hashed {
+            let stat_it = hashed
+                || (ft == FileType::Directory
+                    && !self.mountpoints.is_empty()
+                    && self.mountpoints.contains(&dir.join(&name)));
+            let n = if stat_it {
+                let path = dir.join(&name);
                 // ... except for mount points (d_ino is the covered
                 // directory's) and Hashed (a handle per new file).
                 match std::fs::symlink_metadata(&path) {
