@@ -13,6 +13,9 @@ pub const PACKAGES: &[&str] = &[
     "conmon",
     "busybox-static",
     "util-linux",
+    // mkfs.ext4 and a loop-mounted file system for the inode-map FUSE tests.
+    "e2fsprogs",
+    "mount",
 ];
 
 #[derive(Debug, clap::Args)]

@@ -237,7 +237,8 @@ impl InodeMap {
         self.next = self.next.max(s.next);
         // Size each device's table once instead of growing it entry by
         // entry (a rehash at 1M entries moves 46 MB).
-        let mut per_slot: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+        let mut per_slot: std::collections::BTreeMap<u32, usize> =
+            std::collections::BTreeMap::new();
         for e in &s.entries {
             *per_slot.entry(e.slot).or_default() += 1;
         }
