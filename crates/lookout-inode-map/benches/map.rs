@@ -27,8 +27,15 @@ fn filled(mode: Mode) -> InodeMap {
         .expect("device");
     m.reserve(DEV, N as usize).expect("reserve");
     for i in 0..N {
-        m.map(FileKey { dev: DEV, ino: host_ino(i) }, Stamp(7), Some(&handle(i)))
-            .expect("map");
+        m.map(
+            FileKey {
+                dev: DEV,
+                ino: host_ino(i),
+            },
+            Stamp(7),
+            Some(&handle(i)),
+        )
+        .expect("map");
     }
     m
 }
@@ -37,7 +44,13 @@ fn lookups(c: &mut Criterion) {
     let mut g = c.benchmark_group("hit_at_1M");
     for (name, mode) in [
         ("passthrough", Mode::Passthrough),
-        ("xino", Mode::Xino { bits: 8, overflow: Overflow::Fallback }),
+        (
+            "xino",
+            Mode::Xino {
+                bits: 8,
+                overflow: Overflow::Fallback,
+            },
+        ),
         ("allocated", Mode::Allocated),
         ("hashed", Mode::Hashed),
     ] {
@@ -47,7 +60,14 @@ fn lookups(c: &mut Criterion) {
             b.iter(|| {
                 // A stride through the keys: every hit a different bucket.
                 i = (i + 7919) % N;
-                black_box(m.map(FileKey { dev: DEV, ino: host_ino(i) }, Stamp(7), Some(&handle(i))))
+                black_box(m.map(
+                    FileKey {
+                        dev: DEV,
+                        ino: host_ino(i),
+                    },
+                    Stamp(7),
+                    Some(&handle(i)),
+                ))
             })
         });
     }
@@ -59,10 +79,21 @@ fn inserts(c: &mut Criterion) {
         b.iter_batched(
             || InodeMap::new(Mode::Allocated, Limits::default()),
             |mut m| {
-                m.register_device(DEV, DeviceIdentity::marker("bench")).expect("device");
+                m.register_device(DEV, DeviceIdentity::marker("bench"))
+                    .expect("device");
                 m.reserve(DEV, N as usize).expect("reserve");
                 for i in 0..N {
-                    black_box(m.map(FileKey { dev: DEV, ino: host_ino(i) }, Stamp(7), None).ok());
+                    black_box(
+                        m.map(
+                            FileKey {
+                                dev: DEV,
+                                ino: host_ino(i),
+                            },
+                            Stamp(7),
+                            None,
+                        )
+                        .ok(),
+                    );
                 }
                 m
             },
