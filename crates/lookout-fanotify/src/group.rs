@@ -29,7 +29,7 @@ pub struct Fanotify {
     nonblocking: bool,
 }
 
-/// Options for [`Fanotify::init`]; start with [`Fanotify::builder`].
+/// Options for a new group ([`Builder::init`]); start with [`Fanotify::builder`].
 #[derive(Debug, Clone)]
 pub struct Builder {
     class: Class,
