@@ -170,39 +170,49 @@ impl Dispatcher {
         let c = &event.container;
         match event.event {
             EventKind::Added => {
-                let before_start =
-                    event.source == Source::RuntimeHook && c.status == Status::Created;
                 let runs = !self.prestart.is_empty() || !self.settings.dirs.is_empty();
-                if runs && before_start {
-                    let (tx, rx) = watch::channel(false);
-                    if let Ok(mut b) = self.barriers.lock() {
-                        b.insert(c.id.clone(), rx);
+                if !runs && self.events.is_none() {
+                    return;
+                }
+                // Registered now, before `emit` returns: the runtime hook
+                // asks for the barrier right after reporting the container.
+                let barrier =
+                    (runs && event.source == Source::RuntimeHook && c.status == Status::Created)
+                        .then(|| {
+                            let (tx, rx) = watch::channel(false);
+                            if let Ok(mut b) = self.barriers.lock() {
+                                b.insert(c.id.clone(), rx);
+                            }
+                            tx
+                        });
+                let d = Arc::clone(self);
+                let e = event.clone();
+                tokio::spawn(async move {
+                    // One read of config.json serves the hooks and the Event.
+                    let config = d.config_of(&e).await;
+                    if let Some(ev) = d.events.clone() {
+                        let (d, e, config) = (Arc::clone(&d), e.clone(), config.clone());
+                        tokio::spawn(async move { d.post_event(ev, &e, config.as_ref()).await });
                     }
-                    let d = Arc::clone(self);
-                    let e = event.clone();
-                    tokio::spawn(async move {
-                        d.run_stage(&e, true).await;
+                    if runs {
+                        d.run_stage(&e, true, config.as_ref()).await;
+                    }
+                    if let Some(tx) = barrier {
                         let _ = tx.send(true);
                         if let Ok(mut b) = d.barriers.lock() {
                             b.remove(&e.container.id);
                         }
-                    });
-                } else if runs {
-                    let d = Arc::clone(self);
-                    let e = event.clone();
-                    tokio::spawn(async move { d.run_stage(&e, true).await });
-                }
-                if let Some(ev) = self.events.clone() {
-                    let e = event.clone();
-                    let d = Arc::clone(self);
-                    tokio::spawn(async move { d.post_event(ev, &e).await });
-                }
+                    }
+                });
             }
             EventKind::Removed => {
                 if !self.poststop.is_empty() || !self.settings.dirs.is_empty() {
                     let d = Arc::clone(self);
                     let e = event.clone();
-                    tokio::spawn(async move { d.run_stage(&e, false).await });
+                    tokio::spawn(async move {
+                        let config = d.config_of(&e).await;
+                        d.run_stage(&e, false, config.as_ref()).await;
+                    });
                 }
             }
         }
@@ -214,16 +224,22 @@ impl Dispatcher {
             .join(p.strip_prefix("/").unwrap_or(p))
     }
 
+    /// The container's config.json, parsed, if it has a readable one.
+    async fn config_of(&self, e: &ContainerEvent) -> Option<serde_json::Value> {
+        let b = e.container.bundle.as_ref()?;
+        let bytes = read_config(self.host(b).join("config.json"), self.settings.timeout).await?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
     /// Runs the prestart-stage (`create`) or poststop hooks for `e`, one
     /// after the other, in order.
-    async fn run_stage(&self, e: &ContainerEvent, create: bool) {
+    async fn run_stage(
+        &self,
+        e: &ContainerEvent,
+        create: bool,
+        config: Option<&serde_json::Value>,
+    ) {
         let c = &e.container;
-        let config = match &c.bundle {
-            Some(b) => read_config(self.host(b).join("config.json"), self.settings.timeout)
-                .await
-                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok()),
-            None => None,
-        };
         let mut hooks: Vec<(String, Hook)> = if create {
             self.prestart.clone()
         } else {
@@ -246,7 +262,7 @@ impl Dispatcher {
         let target = Target {
             annotations: &c.annotations,
             args: process_args.as_deref(),
-            has_bind_mounts: config.as_ref().is_some_and(has_bind_mounts),
+            has_bind_mounts: config.is_some_and(has_bind_mounts),
         };
         if let Ok(mut dirs) = self.dirs.lock() {
             for h in &dirs.current().hooks {
@@ -313,18 +329,11 @@ impl Dispatcher {
         }
     }
 
-    async fn post_event(&self, ev: Events, e: &ContainerEvent) {
+    async fn post_event(&self, ev: Events, e: &ContainerEvent, config: Option<&serde_json::Value>) {
         use k8s_openapi::api::core::v1::ObjectReference;
         use kube::runtime::events::{Event, EventType, Recorder, Reporter};
         let c = &e.container;
-        let config = match &c.bundle {
-            Some(b) => read_config(self.host(b).join("config.json"), self.settings.timeout).await,
-            None => None,
-        };
-        let (reason, note) = match config
-            .as_deref()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-        {
+        let (reason, note) = match config {
             Some(cfg) => (
                 "NewContainerConfig",
                 format!("container {} ({}): {}", c.id, c.runtime, cfg),

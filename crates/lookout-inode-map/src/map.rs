@@ -192,8 +192,6 @@ pub const FALLBACK_BASE: u64 = 1 << 63;
 pub struct InodeMap {
     pub(crate) mode: Mode,
     pub(crate) devices: Devices,
-    /// The first devices' `st_dev` → slot, scanned before the table.
-    dev_slots: Vec<(u64, u32)>,
     /// Hashed: per slot, the hash of the device identity.
     seeds: IntMap<u32, u64>,
     /// Allocated (and Xino/Hashed fallbacks): per device slot, host ino →
@@ -226,7 +224,6 @@ impl InodeMap {
         InodeMap {
             mode,
             devices: Devices::new(bits),
-            dev_slots: Vec::new(),
             seeds: IntMap::default(),
             entries: IntMap::default(),
             owners: IntMap::default(),
@@ -248,12 +245,7 @@ impl InodeMap {
     /// Call it before mapping files of that device; again after the device
     /// number changed (a reboot), with the same identity.
     pub fn register_device(&mut self, dev: u64, identity: DeviceIdentity) -> Result<u32, Error> {
-        let slot = self.devices.register(dev, identity)?;
-        self.dev_slots.retain(|(d, _)| *d != dev);
-        if self.dev_slots.len() < 16 {
-            self.dev_slots.push((dev, slot));
-        }
-        Ok(slot)
+        self.devices.register(dev, identity)
     }
 
     /// The devices and their slots.
@@ -263,12 +255,6 @@ impl InodeMap {
 
     #[inline]
     fn slot(&self, dev: u64) -> Result<u32, Error> {
-        // A handful of devices: a scan beats hashing.
-        for &(d, s) in &self.dev_slots {
-            if d == dev {
-                return Ok(s);
-            }
-        }
         self.devices.index_of(dev).ok_or(Error::UnknownDevice(dev))
     }
 

@@ -187,6 +187,14 @@ impl InodeMap {
             }
             Ok(())
         };
+        // The numbers this map has handed out already (none when restoring
+        // into an empty map, the common case).
+        let mut taken: std::collections::HashSet<u64> = self
+            .entries
+            .values()
+            .flat_map(|m| m.values().map(|e| e.out))
+            .chain(self.owners.keys().copied())
+            .collect();
         // Check first under Fail, so that a failed restore changes nothing.
         if policy == ConflictPolicy::Fail {
             for d in &s.devices {
@@ -199,21 +207,16 @@ impl InodeMap {
                     )));
                 }
             }
-            if !self.entries.is_empty() || !self.owners.is_empty() {
-                let taken: std::collections::HashSet<u64> = self
-                    .entries
-                    .values()
-                    .flat_map(|m| m.values().map(|e| e.out))
-                    .chain(self.owners.keys().copied())
-                    .collect();
-                for e in s.entries.iter().chain(&s.hashed) {
-                    if taken.contains(&e.out) {
-                        return Err(Error::Conflict(format!(
-                            "number {} is in use here and belongs to inode {} of slot {} in the snapshot",
-                            e.out, e.ino, e.slot
-                        )));
-                    }
-                }
+            if let Some(e) = s
+                .entries
+                .iter()
+                .chain(&s.hashed)
+                .find(|e| taken.contains(&e.out))
+            {
+                return Err(Error::Conflict(format!(
+                    "number {} is in use here and belongs to inode {} of slot {} in the snapshot",
+                    e.out, e.ino, e.slot
+                )));
             }
         }
         for d in &s.devices {
@@ -221,16 +224,6 @@ impl InodeMap {
                 conflict(&mut report, what)?;
             }
         }
-        let mut taken: std::collections::HashSet<u64> =
-            if self.entries.is_empty() && self.owners.is_empty() {
-                std::collections::HashSet::new()
-            } else {
-                self.entries
-                    .values()
-                    .flat_map(|m| m.values().map(|e| e.out))
-                    .chain(self.owners.keys().copied())
-                    .collect()
-            };
         let check = !taken.is_empty();
         // Fresh numbers for remapped files come after both maps' ranges, so
         // they cannot collide with numbers still to be restored.

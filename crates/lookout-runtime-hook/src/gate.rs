@@ -299,24 +299,28 @@ impl Worker {
     /// from /proc and the runtime's state.
     fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
         self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
+        if self.ring.is_some() {
+            // An exec path the BPF programs do not see: nothing to learn
+            // here, so nothing more to do before answering.
+            self.shared.answer(perm, since);
+            tracing::debug!(tid, "runtime exec without a BPF argv record");
+            return;
+        }
+        // fanotify-only mode: the binary's name and the pre-exec cmdline
+        // let the task tell when the runtime's own argv appears.
         let binary = std::fs::read_link(format!(
             "/proc/self/fd/{}",
             std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
         ))
         .map(|p| basename(&p.to_string_lossy()))
         .unwrap_or_default();
-        tracing::debug!(tid, binary, "runtime exec without a BPF argv record");
-        // fanotify-only mode snapshots the pre-exec cmdline so that the
-        // task can tell when the new one appears.
-        let before = self.ring.is_none().then(|| proc::cmdline(tid)).flatten();
+        let before = proc::cmdline(tid);
         self.shared.answer(perm, since);
-        if self.ring.is_none() {
-            let _ = self.tx.blocking_send(Exec::Unseen {
-                tid,
-                binary,
-                before,
-            });
-        }
+        let _ = self.tx.blocking_send(Exec::Unseen {
+            tid,
+            binary,
+            before,
+        });
     }
 }
 
