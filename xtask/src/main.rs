@@ -3,6 +3,7 @@
 mod bench;
 mod bench_inode;
 mod build_ebpf;
+mod repeat;
 mod run;
 mod test;
 mod util;
@@ -21,7 +22,8 @@ enum Command {
     /// Build the BPF programs (nightly, build-std=core, BTF) into
     /// target/bpf/lookout-ebpf.o, installing rust-src and bpf-linker if missing.
     BuildEbpf(build_ebpf::Options),
-    /// Install what the tests need (as root), build the BPF programs, run all tests.
+    /// Install what the tests need (as root), build the BPF programs, run all
+    /// tests; with `--repeat N [FILTER]`, run them N times and report flakes.
     Test(test::Options),
     /// Build the BPF programs and the agent, then run `lookout ARGS`.
     Run(run::Options),

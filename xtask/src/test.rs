@@ -23,6 +23,16 @@ pub struct Options {
     /// Do not apt-get install missing packages.
     #[arg(long)]
     pub no_install: bool,
+    /// Run the test binaries N times and report every test that failed at
+    /// least once (logs under target/test-repeat/).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: Option<u32>,
+    /// With --repeat: only this package's tests. Repeatable.
+    #[arg(long = "package", short = 'p', value_name = "PKG", requires = "repeat")]
+    pub packages: Vec<String>,
+    /// With --repeat: only tests whose name contains FILTER.
+    #[arg(value_name = "FILTER", requires = "repeat")]
+    pub filter: Option<String>,
     /// Extra arguments for `cargo test`, after `--`.
     #[arg(last = true)]
     pub cargo_args: Vec<String>,
@@ -42,6 +52,14 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
     })?;
+    if let Some(rounds) = opts.repeat {
+        return crate::repeat::repeat(
+            rounds,
+            opts.filter.as_deref(),
+            &opts.packages,
+            &opts.cargo_args,
+        );
+    }
     let mut cmd = cargo();
     cmd.args(["test", "-j2", "--workspace"])
         .args(&opts.cargo_args);
