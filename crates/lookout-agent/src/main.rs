@@ -52,6 +52,10 @@ struct ProbeArgs {
     /// An extra runtime binary to look for (an absolute host path). Repeatable.
     #[arg(long = "runtime-path", value_name = "PATH", value_parser = run::absolute_path)]
     runtime_paths: Vec<PathBuf>,
+    /// Look only at the --runtime-path binaries: not the built-in list of
+    /// install locations, not PATH.
+    #[arg(long)]
+    no_default_runtimes: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,6 +78,7 @@ fn probe(args: ProbeArgs) -> anyhow::Result<()> {
     let opts = lookout_probe::ProbeOptions::new()
         .host_root(args.host_root)
         .runtime_paths(args.runtime_paths)
+        .default_runtimes(!args.no_default_runtimes)
         .bpf_object(ebpf_object());
     let report = lookout_probe::probe(&opts);
     if args.json {

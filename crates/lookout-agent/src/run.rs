@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// An extra runtime binary to watch (an absolute host path). Repeatable.
     #[arg(long = "runtime-path", value_name = "PATH", value_parser = absolute_path)]
     runtime_paths: Vec<PathBuf>,
+    /// Watch only the --runtime-path binaries: not the built-in list of
+    /// install locations, not PATH (also for binaries installed later).
+    #[arg(long)]
+    no_default_runtimes: bool,
     /// How often to look for runtime binaries installed after start-up.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     rescan_interval: Duration,
@@ -294,6 +298,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         &ProbeOptions::new()
             .host_root(&args.host_root)
             .runtime_paths(args.runtime_paths.clone())
+            .default_runtimes(!args.no_default_runtimes)
             .bpf_object(bpf_object)
             .env(move |k| match k {
                 "NODE_NAME" => node_name.clone(),
@@ -565,11 +570,16 @@ fn set_ready(shared: &crate::serve::Shared, body: String) {
 fn rescan(args: &RunArgs) -> Rescan {
     let host_root = args.host_root.clone();
     let extra = args.runtime_paths.clone();
+    let defaults = !args.no_default_runtimes;
     let path_env = std::env::var_os("PATH");
     Rescan {
         interval: args.rescan_interval,
         find: std::sync::Arc::new(move || {
-            let candidates = lookout_probe::candidate_paths(path_env.as_deref(), &extra);
+            let candidates = if defaults {
+                lookout_probe::candidate_paths(path_env.as_deref(), &extra)
+            } else {
+                extra.clone()
+            };
             lookout_probe::find_runtimes(&host_root, &candidates)
                 .into_iter()
                 .map(|r| r.resolved)

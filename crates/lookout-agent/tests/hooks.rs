@@ -47,6 +47,7 @@ fn a_prestart_hook_gets_the_created_state_and_finishes_before_the_first_instruct
     if !ready("prestart_hook") || !require_program("prestart_hook", "gcc") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let b = d.join("bundle");
@@ -74,11 +75,11 @@ fn a_prestart_hook_gets_the_created_state_and_finishes_before_the_first_instruct
         "x=$(cat); id=$(echo \"$x\" | grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4); echo \"$x\" > {}/poststop.$id",
         d.display()
     );
-    let agent = Agent::start(&["--prestart", &prestart, "--poststop", &poststop]);
+    let agent = Agent::start(&rt, &["--prestart", &prestart, "--poststop", &poststop]);
     let id = id("prestart");
     let pid_file = d.join("init.pid");
     let bs = b.to_str().expect("utf-8");
-    runc_ok(&[
+    rt.ok(&[
         "create",
         "--bundle",
         bs,
@@ -86,10 +87,10 @@ fn a_prestart_hook_gets_the_created_state_and_finishes_before_the_first_instruct
         pid_file.to_str().expect("utf-8"),
         &id,
     ]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["start", &id]);
     let first_instruction = read_stamp(&b.join("rootfs/stamp.out"));
     agent.wait_event(&id, "removed", Duration::from_secs(10));
-    cleanup(&id);
+    rt.cleanup(&id);
 
     let hook_done = read_stamp(&d.join(format!("hook-done.{id}")));
     assert!(
@@ -124,6 +125,7 @@ fn hooks_d_files_match_on_annotations_commands_and_always_and_bad_ones_are_skipp
     if !ready("hooks_d") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let hooks = d.join("hooks.d");
@@ -169,19 +171,19 @@ fn hooks_d_files_match_on_annotations_commands_and_always_and_bad_ones_are_skipp
     )
     .expect("write");
 
-    let agent = Agent::start(&["--hooks-dir", hooks.to_str().expect("utf-8")]);
+    let agent = Agent::start(&rt, &["--hooks-dir", hooks.to_str().expect("utf-8")]);
     let traced = id("hooksd-a");
     let plain = id("hooksd-b");
     let a = bundle::busybox(&d.join("a"), &["/bin/sleep", "1"], |c| {
         c["annotations"] = serde_json::json!({"com.example/trace": "yes"});
     });
     let b = bundle::busybox(&d.join("b"), &["/bin/true"], |_| {});
-    runc_ok(&["run", "-d", "--bundle", a.to_str().expect("utf-8"), &traced]);
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &plain]);
+    rt.ok(&["run", "-d", "--bundle", a.to_str().expect("utf-8"), &traced]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &plain]);
     agent.wait_event(&traced, "removed", Duration::from_secs(10));
     agent.wait_event(&plain, "removed", Duration::from_secs(10));
-    cleanup(&traced);
-    cleanup(&plain);
+    rt.cleanup(&traced);
+    rt.cleanup(&plain);
     let expect = |id: &str, names: &[&str]| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -217,6 +219,7 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
     if !ready("hanging_hook") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     // Hangs for containers annotated "hang", finishes at once for others.
@@ -233,26 +236,29 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
         .to_string(),
     )
     .expect("write");
-    let agent = Agent::start(&[
-        "--hooks-dir",
-        hooks.to_str().expect("utf-8"),
-        "--hook-timeout",
-        "1s",
-    ]);
+    let agent = Agent::start(
+        &rt,
+        &[
+            "--hooks-dir",
+            hooks.to_str().expect("utf-8"),
+            "--hook-timeout",
+            "1s",
+        ],
+    );
     let slow = id("hang-slow");
     let other = id("hang-other");
     let a = bundle::busybox(&d.join("a"), &["sleep", "5"], |c| {
         c["annotations"] = serde_json::json!({"hang": "yes"});
     });
     let b = bundle::busybox(&d.join("b"), &["sleep", "5"], |_| {});
-    runc_ok(&["create", "--bundle", a.to_str().expect("utf-8"), &slow]);
+    rt.ok(&["create", "--bundle", a.to_str().expect("utf-8"), &slow]);
     agent.wait_event(&slow, "added", Duration::from_secs(5));
     // While its hook hangs, another container is created, discovered and
     // started at once.
     let t = Instant::now();
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &other]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &other]);
     agent.wait_event(&other, "added", Duration::from_secs(5));
-    runc_ok(&["start", &other]);
+    rt.ok(&["start", &other]);
     assert!(
         t.elapsed() < Duration::from_millis(900),
         "others wait: {:?}",
@@ -260,11 +266,12 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
     );
     // The hanging one starts once its hook timed out.
     let t = Instant::now();
-    runc_ok(&["start", &slow]);
+    rt.ok(&["start", &slow]);
     let waited = t.elapsed();
     assert!(waited < Duration::from_secs(3), "start waited {waited:?}");
     // `runc state` starts no container process: a pipe is fine here.
-    let out = std::process::Command::new("runc")
+    let out = rt
+        .command()
         .args(["state", &slow])
         .output()
         .expect("runc state");
@@ -276,8 +283,8 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
         )
     });
     assert_eq!(state["status"], "running");
-    cleanup(&slow);
-    cleanup(&other);
+    rt.cleanup(&slow);
+    rt.cleanup(&other);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !agent.log().contains("timed out") {
         assert!(
@@ -306,20 +313,21 @@ fn hooks_for_containers_found_late_say_so_in_the_state() {
     if !ready("late_hooks") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let early = id("late");
     let b = bundle::busybox(&d.join("b"), &["sleep", "3"], |_| {});
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &early]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &early]);
     let prestart = format!(
         "x=$(cat); id=$(echo \"$x\" | grep -o '\"id\":\"[^\"]*\"' | head -n1 | cut -d'\"' -f4); echo \"$x\" > {}/state.$id",
         d.display()
     );
-    let agent = Agent::start(&["--prestart", &prestart]);
+    let agent = Agent::start(&rt, &["--prestart", &prestart]);
     let added = agent.wait_event(&early, "added", Duration::from_secs(5));
     assert_eq!(added["source"], "state-scan");
     let state = json_file(&d.join(format!("state.{early}")));
-    cleanup(&early);
+    rt.cleanup(&early);
     assert_eq!(state["id"], early.as_str());
     assert_eq!(state["status"], "running");
     assert_eq!(state["annotations"]["io.lookout.hook.late"], "true");
@@ -332,10 +340,12 @@ fn new_containers_are_posted_as_kubernetes_events() {
     if !ready("k8s_events") {
         return;
     }
+    let rt = Runtime::runc();
     let server = ApiServer::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = server.kubeconfig(dir.path());
     let agent = Agent::start_with(
+        Some(&rt),
         &["--k8s-events", "--fallback-informer=false"],
         &[
             ("NODE_NAME", "node-a"),
@@ -347,9 +357,9 @@ fn new_containers_are_posted_as_kubernetes_events() {
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |c| {
         c["hostname"] = serde_json::json!("event-host");
     });
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
     agent.wait_event(&id, "added", Duration::from_secs(5));
-    cleanup(&id);
+    rt.cleanup(&id);
     let deadline = Instant::now() + Duration::from_secs(10);
     let event = loop {
         let found = server

@@ -62,6 +62,7 @@ pub struct ProbeOptions<'a> {
     host_root: PathBuf,
     bpf_object: Option<&'a [u8]>,
     runtime_paths: Vec<PathBuf>,
+    default_runtimes: bool,
     env: EnvLookup,
 }
 
@@ -71,6 +72,7 @@ impl Default for ProbeOptions<'_> {
             host_root: PathBuf::from("/"),
             bpf_object: None,
             runtime_paths: Vec::new(),
+            default_runtimes: true,
             env: Box::new(|k| std::env::var(k).ok()),
         }
     }
@@ -82,6 +84,7 @@ impl std::fmt::Debug for ProbeOptions<'_> {
             .field("host_root", &self.host_root)
             .field("bpf_object", &self.bpf_object.map(<[u8]>::len))
             .field("runtime_paths", &self.runtime_paths)
+            .field("default_runtimes", &self.default_runtimes)
             .finish()
     }
 }
@@ -109,6 +112,15 @@ impl<'a> ProbeOptions<'a> {
     /// Extra runtime binary paths (host paths), like `--runtime-path`.
     pub fn runtime_paths(mut self, paths: Vec<PathBuf>) -> Self {
         self.runtime_paths = paths;
+        self
+    }
+
+    /// Whether to look for runtimes in the built-in list of install
+    /// locations and in `PATH` (default `true`). With `false`, only the
+    /// [`runtime_paths`](Self::runtime_paths) are looked at: a node whose
+    /// runtimes are known, or a test that watches a private copy.
+    pub fn default_runtimes(mut self, yes: bool) -> Self {
+        self.default_runtimes = yes;
         self
     }
 
@@ -140,10 +152,14 @@ pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
     checks.push(Check::from_result("sandbox", &sandbox));
     checks.push(Check::from_result("cgroup", &system::cgroup_version()));
 
-    let candidates = candidate_paths(
-        env("PATH").as_deref().map(std::ffi::OsStr::new),
-        &opts.runtime_paths,
-    );
+    let candidates = if opts.default_runtimes {
+        candidate_paths(
+            env("PATH").as_deref().map(std::ffi::OsStr::new),
+            &opts.runtime_paths,
+        )
+    } else {
+        opts.runtime_paths.clone()
+    };
     let runtimes = find_runtimes(&opts.host_root, &candidates);
     let runtimes_fact = runtime_checks(&opts.host_root, &candidates, &runtimes, &mut checks);
 

@@ -43,13 +43,19 @@ pub fn require_root(test: &str) -> bool {
 
 /// Whether `program` is on PATH. If not, reports `test` as skipped.
 pub fn require_program(test: &str, program: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false);
+    let found = find_program(program).is_some();
     if !found {
         skip(test, &format!("`{program}` is not installed"));
     }
     found
+}
+
+/// Where `program` is in `PATH`, if anywhere.
+pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// Linux capability numbers (see capabilities(7)) used by the tests.

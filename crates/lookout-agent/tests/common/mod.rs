@@ -20,13 +20,16 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn start(extra: &[&str]) -> Agent {
-        Agent::start_with(extra, &[], None)
+    /// An agent that watches only `rt` (see [`Runtime`]).
+    pub fn start(rt: &Runtime, extra: &[&str]) -> Agent {
+        Agent::start_with(Some(rt), extra, &[], None)
     }
 
     /// With environment variables `env` and, optionally, a seccomp filter
-    /// or capability drop.
+    /// or capability drop. `rt`: the one runtime binary the agent watches;
+    /// `None` for agents that watch none (scan and informer modes).
     pub fn start_with(
+        rt: Option<&Runtime>,
         extra: &[&str],
         env: &[(&str, &str)],
         restrict: Option<lookout_testsupport::Restrictions>,
@@ -35,6 +38,7 @@ impl Agent {
         let stderr = dir.path().join("stderr");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
         cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
+            .args(Runtime::agent_args(rt))
             .args(extra)
             .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
             .env_remove("NODE_NAME")
@@ -67,6 +71,23 @@ impl Agent {
         };
         agent.wait_log("lookout::run: ready", Duration::from_secs(20));
         agent
+    }
+
+    /// Where the agent serves /healthz, /readyz and /metrics.
+    pub fn addr(&self) -> String {
+        self.log()
+            .split("on http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("the agent logs where it serves")
+            .to_owned()
+    }
+
+    /// The agent's /metrics page.
+    pub fn metrics(&self) -> String {
+        let (status, body) = http_get(&self.addr(), "/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
     }
 
     pub fn log(&self) -> String {
@@ -141,6 +162,39 @@ impl Drop for Agent {
     }
 }
 
+/// A plain HTTP/1.1 GET against the agent: (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the agent");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the sample `name` (with its labels) in a metrics page.
+pub fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 pub fn ready(test: &str) -> bool {
     require_root(test) && require_program(test, "runc") && require_program(test, "busybox")
 }
@@ -149,35 +203,93 @@ pub fn id(test: &str) -> String {
     format!("lk-{test}-{}", std::process::id())
 }
 
-/// Runs runc with stdout to /dev/null and stderr to a file. N.B. a pipe
-/// would be inherited by the container process and never reach EOF.
-pub fn runc(args: &[&str]) -> std::process::Output {
-    let err = tempfile::NamedTempFile::new().expect("stderr file");
-    let status = Command::new("runc")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err.reopen().expect("reopen"))
-        .status()
-        .expect("run runc");
-    std::process::Output {
-        status,
-        stdout: Vec::new(),
-        stderr: std::fs::read(err.path()).unwrap_or_default(),
+/// A private copy of a runtime binary (runc, crun) in a directory of the
+/// test's own.
+///
+/// fanotify marks are per inode, and a runtime exec waits for the answer of
+/// every group that marked it: if every test's agent marked the system's
+/// runc, each test's runtime execs would wait on every other test's agent,
+/// and a slow agent in one test would slow (or, stopped, freeze) all the
+/// others. Each test therefore runs its containers through its own copy,
+/// and its agent watches only that copy (`--no-default-runtimes
+/// --runtime-path COPY`). No test in this suite execs the system's runtime
+/// while an agent watches it.
+pub struct Runtime {
+    /// The copy, named like the original (the agent tells runtimes apart
+    /// by file name).
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Runtime {
+    /// A private copy of runc.
+    pub fn runc() -> Runtime {
+        Runtime::copy("runc")
     }
-}
 
-pub fn runc_ok(args: &[&str]) {
-    let out = runc(args);
-    assert!(
-        out.status.success(),
-        "runc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+    /// A private copy of `name`, found in PATH.
+    pub fn copy(name: &str) -> Runtime {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let original = lookout_testsupport::find_program(name)
+            .unwrap_or_else(|| panic!("{name} is not installed"));
+        let path = dir.path().join(name);
+        std::fs::copy(&original, &path)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", original.display(), path.display()));
+        Runtime { path, _dir: dir }
+    }
 
-pub fn cleanup(id: &str) {
-    let _ = runc(&["delete", "--force", id]);
+    /// The agent's arguments to watch only `rt` (nothing for `None`).
+    pub fn agent_args(rt: Option<&Runtime>) -> Vec<String> {
+        match rt {
+            Some(rt) => vec![
+                "--no-default-runtimes".into(),
+                "--runtime-path".into(),
+                rt.path.to_str().expect("utf-8 path").into(),
+            ],
+            None => vec!["--no-default-runtimes".into()],
+        }
+    }
+
+    /// A command for the copy.
+    pub fn command(&self) -> Command {
+        Command::new(&self.path)
+    }
+
+    /// Runs the copy with stdout to /dev/null and stderr to a file. N.B. a
+    /// pipe would be inherited by the container process and never reach
+    /// EOF.
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        let err = tempfile::NamedTempFile::new().expect("stderr file");
+        let status = self
+            .command()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err.reopen().expect("reopen"))
+            .status()
+            .expect("run the runtime");
+        std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr: std::fs::read(err.path()).unwrap_or_default(),
+        }
+    }
+
+    /// Runs the copy and fails the test if it fails.
+    pub fn ok(&self, args: &[&str]) {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{} {args:?} failed: {}",
+            self.path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `delete --force ID`, ignoring errors.
+    pub fn cleanup(&self, id: &str) {
+        let _ = self.run(&["delete", "--force", id]);
+    }
 }
 
 pub fn read_stamp(path: &Path) -> u64 {
