@@ -47,6 +47,7 @@ pub struct Metrics {
     tracked: Gauge<i64, AtomicI64>,
     stdout_late: Counter,
     stdout_dropped: Counter,
+    recovered: Counter,
 }
 
 impl Metrics {
@@ -103,7 +104,15 @@ impl Metrics {
             "Events for a container another source already reported (hook and informer), not printed",
             duplicates.clone(),
         );
+        let recovered = Counter::default();
+        registry.register(
+            "containers_recovered",
+            "Containers found only by reconciling the state directories after runtime execs \
+             whose argv could not be read (fanotify mode without BPF); reported late",
+            recovered.clone(),
+        );
         Metrics {
+            recovered,
             duplicates,
             registry,
             events,
@@ -177,6 +186,10 @@ impl lookout_runtime_hook::Observer for Metrics {
                 kind: kind.to_owned(),
             })
             .inc();
+    }
+
+    fn recovered(&self) {
+        self.recovered.inc();
     }
 }
 

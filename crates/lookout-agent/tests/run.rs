@@ -19,6 +19,7 @@ fn runc_create_start_is_reported_before_the_first_instruction() {
     if !ready("runc_create_start") || !require_program("runc_create_start", "gcc") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = dir.path().join("bundle");
     bundle::busybox(&b, &["/stamp", "/stamp.out"], |c| {
@@ -27,12 +28,12 @@ fn runc_create_start_is_reported_before_the_first_instruction() {
     let stamp = bundle::monotonic_stamp(dir.path());
     std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
 
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let id = id("create-start");
     let pid_file = dir.path().join("init.pid");
     let bs = b.to_str().expect("utf-8");
     // As containerd's shim calls it.
-    runc_ok(&[
+    rt.ok(&[
         "create",
         "--bundle",
         bs,
@@ -40,11 +41,11 @@ fn runc_create_start_is_reported_before_the_first_instruction() {
         pid_file.to_str().expect("utf-8"),
         &id,
     ]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["start", &id]);
     let first_instruction = read_stamp(&b.join("rootfs/stamp.out"));
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     let removed = agent.wait_event(&id, "removed", Duration::from_secs(10));
-    cleanup(&id);
+    rt.cleanup(&id);
 
     let pid: u64 = std::fs::read_to_string(&pid_file)
         .expect("pid file")
@@ -83,12 +84,13 @@ fn runc_run_detached_and_foreground() {
     if !ready("runc_run") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
 
     let b = bundle::busybox(&dir.path().join("d"), &["sleep", "1"], |_| {});
     let detached = id("run-d");
-    runc_ok(&[
+    rt.ok(&[
         "run",
         "-d",
         "--bundle",
@@ -99,12 +101,13 @@ fn runc_run_detached_and_foreground() {
     assert_eq!(added["source"], "runtime-hook");
     assert!(added["container"]["pid"].as_u64().is_some());
     agent.wait_event(&detached, "removed", Duration::from_secs(10));
-    cleanup(&detached);
+    rt.cleanup(&detached);
 
     // Foreground, bundle = working directory (no --bundle).
     let b = bundle::busybox(&dir.path().join("f"), &["sh", "-c", "exit 0"], |_| {});
     let fg = id("run-fg");
-    let out = Command::new("runc")
+    let out = rt
+        .command()
         .args(["run", &fg])
         .current_dir(&b)
         .stdin(Stdio::null())
@@ -123,7 +126,7 @@ fn runc_run_detached_and_foreground() {
         .find(|e| e["event"] == "added")
         .expect("added");
     assert_eq!(added["container"]["bundle"], b.to_str().expect("utf-8"));
-    cleanup(&fg);
+    rt.cleanup(&fg);
 }
 
 #[test]
@@ -131,15 +134,16 @@ fn a_container_that_exits_at_once_is_added_and_removed() {
     if !ready("exits_at_once") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let id = id("true");
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["start", &id]);
     agent.wait_event(&id, "added", Duration::from_secs(5));
     agent.wait_event(&id, "removed", Duration::from_secs(5));
-    cleanup(&id);
+    rt.cleanup(&id);
     assert_eq!(agent.events_for(&id).len(), 2);
 }
 
@@ -148,21 +152,23 @@ fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
     if !ready("hundred_concurrent") {
         return;
     }
+    let rt = Runtime::runc();
     const N: usize = 100;
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let fds_before = open_fds(agent.child.id());
     let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id("many"))).collect();
     let bs = b.to_str().expect("utf-8").to_owned();
+    let rt = &rt;
     // Ten workers, each creating, starting and deleting its share.
     std::thread::scope(|s| {
         for chunk in ids.chunks(N / 10) {
             let bs = &bs;
             s.spawn(move || {
                 for id in chunk {
-                    runc_ok(&["create", "--bundle", bs, id]);
-                    runc_ok(&["start", id]);
+                    rt.ok(&["create", "--bundle", bs, id]);
+                    rt.ok(&["start", id]);
                 }
             });
         }
@@ -171,7 +177,7 @@ fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
         agent.wait_event(id, "removed", Duration::from_secs(30));
     }
     for id in &ids {
-        cleanup(id);
+        rt.cleanup(id);
         let ev = agent.events_for(id);
         let added = ev.iter().filter(|e| e["event"] == "added").count();
         let removed = ev.iter().filter(|e| e["event"] == "removed").count();
@@ -200,36 +206,82 @@ fn a_killed_agent_does_not_block_the_runtime() {
     if !ready("killed_agent") {
         return;
     }
-    let agent = Agent::start(&[]);
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
     let pid = agent.child.id() as i32;
     // Freeze the agent so it cannot answer, start a runtime exec (it now
     // waits on the agent), then SIGKILL the agent.
     // SAFETY: signals to our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let start = Instant::now();
-    let waiting = std::thread::spawn(|| {
-        Command::new("runc")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    // kill(2) returns before every thread has stopped: the permission
+    // thread could still answer the exec below. Wait until all have.
+    wait_all_threads_stopped(agent.child.id());
+    // Through a shell: spawn() itself waits until its child's exec is
+    // through, and this one will not be until the agent answers.
+    let mut waiting = Command::new("/bin/sh")
+        .args(["-c", "exec \"$0\" --version"])
+        .arg(&rt.path)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn sh -c 'exec runc --version'");
+    // The exec is parked in the kernel, waiting for the agent's answer.
+    wait_parked_in_fanotify(waiting.id());
     assert!(
-        !waiting.is_finished(),
+        waiting.try_wait().expect("try_wait").is_none(),
         "runc ran although the agent could not answer"
     );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let killed = Instant::now();
-    let status = waiting.join().expect("thread").expect("runc --version");
+    let status = waiting.wait().expect("runc --version");
     assert!(status.success());
     assert!(
         killed.elapsed() < Duration::from_secs(2),
         "runc took {:?} after the kill",
         killed.elapsed()
     );
-    assert!(start.elapsed() >= Duration::from_millis(300));
     drop(agent);
+}
+
+/// Waits until every thread of `pid` is stopped (`T` in its stat).
+fn wait_all_threads_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the agent's tasks")
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .filter_map(|stat| {
+                // The state follows the parenthesised command name.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned))
+            })
+            .collect();
+        if !states.is_empty() && states.iter().all(|s| s == "T") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent's threads did not all stop: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Waits until process `pid` sleeps in fanotify's permission wait.
+fn wait_parked_in_fanotify(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        if wchan.contains("fanotify") || wchan.contains("fsnotify") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runtime exec never waited on the agent (wchan {wchan:?})"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[test]
@@ -237,22 +289,23 @@ fn containers_running_before_the_agent_are_found_by_the_state_scan() {
     if !ready("state_scan") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "30"], |c| {
         c["annotations"] = serde_json::json!({"scan": "yes"});
     });
     let id = id("scan");
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
-    let agent = Agent::start(&[]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let agent = Agent::start(&rt, &[]);
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     assert_eq!(added["source"], "state-scan");
     assert_eq!(added["container"]["status"], "running");
     assert_eq!(added["container"]["annotations"]["scan"], "yes");
     assert_eq!(added["container"]["bundle"], b.to_str().expect("utf-8"));
-    runc_ok(&["kill", &id, "KILL"]);
+    rt.ok(&["kill", &id, "KILL"]);
     let removed = agent.wait_event(&id, "removed", Duration::from_secs(5));
     assert_eq!(removed["source"], "runtime-hook");
-    cleanup(&id);
+    rt.cleanup(&id);
 }
 
 #[test]
@@ -260,29 +313,30 @@ fn malformed_config_and_argv_are_logged_and_discovery_goes_on() {
     if !ready("malformed") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     // A bundle whose config.json is not JSON: runc fails, we log and go on.
     let bad = dir.path().join("bad");
     std::fs::create_dir_all(&bad).expect("mkdir");
     std::fs::write(bad.join("config.json"), b"{ this is not json").expect("write");
     let bad_id = id("bad-config");
     assert!(
-        !runc(&["create", "--bundle", bad.to_str().expect("utf-8"), &bad_id])
+        !rt.run(&["create", "--bundle", bad.to_str().expect("utf-8"), &bad_id])
             .status
             .success()
     );
     // argv without a container id, and with an invalid one.
     assert!(
-        !runc(&["create", "--bundle", bad.to_str().expect("utf-8")])
+        !rt.run(&["create", "--bundle", bad.to_str().expect("utf-8")])
             .status
             .success()
     );
-    assert!(!runc(&["create", "../../etc"]).status.success());
+    assert!(!rt.run(&["create", "../../etc"]).status.success());
     // A good container afterwards is still discovered.
     let good = bundle::busybox(&dir.path().join("good"), &["true"], |_| {});
     let good_id = id("good-after-bad");
-    runc_ok(&[
+    rt.ok(&[
         "run",
         "-d",
         "--bundle",
@@ -290,8 +344,8 @@ fn malformed_config_and_argv_are_logged_and_discovery_goes_on() {
         &good_id,
     ]);
     agent.wait_event(&good_id, "added", Duration::from_secs(5));
-    cleanup(&good_id);
-    cleanup(&bad_id);
+    rt.cleanup(&good_id);
+    rt.cleanup(&bad_id);
     assert!(agent.events_for(&bad_id).is_empty());
     let (status, log) = agent.stop();
     assert!(status.success());
@@ -311,9 +365,10 @@ fn malformed_config_and_argv_are_logged_and_discovery_goes_on() {
 
 /// Runs crun in a private mount namespace without the cgroup2 mount, the
 /// workaround for crun on hybrid cgroup hosts (crun refuses "hybrid mode").
-fn crun(args: &[&str]) -> std::process::ExitStatus {
+fn crun(rt: &Runtime, args: &[&str]) -> std::process::ExitStatus {
     let script = format!(
-        "umount /sys/fs/cgroup/unified 2>/dev/null; exec crun {}",
+        "umount /sys/fs/cgroup/unified 2>/dev/null; exec '{}' {}",
+        rt.path.display(),
         args.iter()
             .map(|a| format!("'{a}'"))
             .collect::<Vec<_>>()
@@ -333,28 +388,29 @@ fn crun_create_start_and_run() {
     if !ready("crun") || !require_program("crun", "crun") || !require_program("crun", "unshare") {
         return;
     }
+    let rt = Runtime::copy("crun");
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |c| {
         c["annotations"] = serde_json::json!({"runtime": "crun"});
     });
     let bs = b.to_str().expect("utf-8");
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let created = id("crun-create");
-    assert!(crun(&["create", "--bundle", bs, &created]).success());
-    assert!(crun(&["start", &created]).success());
+    assert!(crun(&rt, &["create", "--bundle", bs, &created]).success());
+    assert!(crun(&rt, &["start", &created]).success());
     let added = agent.wait_event(&created, "added", Duration::from_secs(5));
     assert_eq!(added["container"]["runtime"], "crun");
     assert_eq!(added["container"]["status"], "created");
     assert_eq!(added["container"]["annotations"]["runtime"], "crun");
     assert_eq!(added["container"]["runtime_root"], "/run/crun");
     agent.wait_event(&created, "removed", Duration::from_secs(10));
-    let _ = crun(&["delete", "-f", &created]);
+    let _ = crun(&rt, &["delete", "-f", &created]);
 
     let detached = id("crun-run-d");
-    assert!(crun(&["run", "--detach", "--bundle", bs, &detached]).success());
+    assert!(crun(&rt, &["run", "--detach", "--bundle", bs, &detached]).success());
     agent.wait_event(&detached, "added", Duration::from_secs(5));
     agent.wait_event(&detached, "removed", Duration::from_secs(10));
-    let _ = crun(&["delete", "-f", &detached]);
+    let _ = crun(&rt, &["delete", "-f", &detached]);
     assert_eq!(
         agent.events_for(&created).len() + agent.events_for(&detached).len(),
         4
@@ -366,19 +422,208 @@ fn fanotify_mode_without_bpf_still_discovers() {
     if !ready("fanotify_mode") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
-    let agent = Agent::start(&["--mode", "fanotify"]);
+    let agent = Agent::start(&rt, &["--mode", "fanotify"]);
     let id = id("fanotify-only");
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["start", &id]);
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     assert_eq!(added["source"], "runtime-hook");
     agent.wait_event(&id, "removed", Duration::from_secs(10));
-    cleanup(&id);
+    rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success());
     assert!(log.contains("discovery mode fanotify"), "{log}");
+}
+
+#[test]
+fn fanotify_mode_reports_every_container_under_load() {
+    if !ready("fanotify_load") {
+        return;
+    }
+    // Without BPF, argv is read from /proc once the exec is through. On a
+    // busy node that read can come too late (the runtime has ended): then
+    // the agent reconciles from the state directories, so the container is
+    // still reported. 50 containers from 10 threads, while other threads
+    // exec ordinary programs and the runtime itself as fast as they can.
+    const N: usize = 50;
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
+    let agent = Agent::start(&rt, &["--mode", "fanotify"]);
+    let ids: Vec<String> = (0..N)
+        .map(|i| format!("{}-{i}", id("fanotify-load")))
+        .collect();
+    let bs = b.to_str().expect("utf-8").to_owned();
+    let rt = &rt;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let load_execs = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for i in 0..3 {
+            let (done, load_execs) = (&done, &load_execs);
+            s.spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut cmd = if i == 0 {
+                        let mut c = rt.command();
+                        c.arg("--version");
+                        c
+                    } else {
+                        Command::new("/bin/true")
+                    };
+                    let _ = cmd.stdout(Stdio::null()).status();
+                    load_execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let creators: Vec<_> = ids
+            .chunks(N / 10)
+            .map(|chunk| {
+                let bs = &bs;
+                s.spawn(move || {
+                    for id in chunk {
+                        rt.ok(&["create", "--bundle", bs, id]);
+                        rt.ok(&["start", id]);
+                    }
+                })
+            })
+            .collect();
+        for c in creators {
+            c.join().expect("creator thread");
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    // Every container ends within a second or so; then list the missing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let missing = loop {
+        let missing: Vec<&String> = ids
+            .iter()
+            .filter(|id| !agent.events_for(id).iter().any(|e| e["event"] == "removed"))
+            .collect();
+        if missing.is_empty() || Instant::now() > deadline {
+            break missing;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        missing.is_empty(),
+        "{} of {N} containers not reported: {missing:?}\nlog:\n{}",
+        missing.len(),
+        agent.log()
+    );
+    let mut late = 0;
+    for id in &ids {
+        rt.cleanup(id);
+        let ev = agent.events_for(id);
+        let added: Vec<_> = ev.iter().filter(|e| e["event"] == "added").collect();
+        let removed = ev.iter().filter(|e| e["event"] == "removed").count();
+        assert_eq!((added.len(), removed), (1, 1), "{id}: {ev:?}");
+        if added[0]["source"] == "state-scan" {
+            late += 1;
+        }
+    }
+    let metrics = agent.metrics();
+    let recovered = metric(&metrics, "lookout_containers_recovered_total").unwrap_or(0.0);
+    // (>=: the state directories are shared with the other tests, whose
+    // containers this agent may recover too.)
+    assert!(
+        recovered >= late as f64,
+        "every late container is counted as recovered ({late}):\n{metrics}"
+    );
+    eprintln!(
+        "fanotify mode under load: {N} containers, {} load execs, {late} recovered by reconciliation, \
+         {} runtime execs unread",
+        load_execs.load(std::sync::atomic::Ordering::Relaxed),
+        metric(&metrics, "lookout_errors_total{kind=\"argv-unread\"}").unwrap_or(0.0)
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn fanotify_mode_recovers_a_container_whose_argv_it_cannot_read() {
+    if !ready("fanotify_recover") || !require_program("fanotify_recover", "gcc") {
+        return;
+    }
+    // A runtime exec'd by a thread other than the main one: its thread id
+    // vanishes with the exec, so the agent can neither read its argv nor
+    // follow it. The container must still be reported (late, from the
+    // state directory), and the miss counted and logged.
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exec_from_thread = thread_exec_helper(dir.path());
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "30"], |_| {});
+    let agent = Agent::start(&rt, &["--mode", "fanotify"]);
+    let id = id("fanotify-recover");
+    let status = Command::new(&exec_from_thread)
+        .arg(&rt.path)
+        .args(["create", "--bundle", b.to_str().expect("utf-8"), &id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run the helper");
+    assert!(status.success(), "runc create through a thread failed");
+    let added = agent.wait_event(&id, "added", Duration::from_secs(10));
+    assert_eq!(added["source"], "state-scan", "{added}");
+    assert_eq!(added["container"]["bundle"], b.to_str().expect("utf-8"));
+    rt.ok(&["start", &id]);
+    rt.ok(&["kill", &id, "KILL"]);
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    rt.cleanup(&id);
+    let metrics = agent.metrics();
+    assert!(
+        metric(&metrics, "lookout_containers_recovered_total") >= Some(1.0),
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "lookout_errors_total{kind=\"argv-unread\"}") >= Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        agent.events_for(&id).len(),
+        2,
+        "{:?}",
+        agent.events_for(&id)
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success());
+    assert!(
+        log.contains("container found by reconciliation") && log.contains(&id),
+        "{log}"
+    );
+}
+
+/// A program that execs its arguments from a second thread.
+fn thread_exec_helper(dir: &Path) -> PathBuf {
+    let src = dir.join("thread-exec.c");
+    let bin = dir.join("thread-exec");
+    std::fs::write(
+        &src,
+        r#"#include <pthread.h>
+#include <unistd.h>
+static char **args;
+static void *run(void *unused) { (void)unused; execv(args[0], args); return 0; }
+int main(int argc, char **argv) {
+    pthread_t t;
+    if (argc < 2) return 2;
+    args = argv + 1;
+    if (pthread_create(&t, 0, run, 0)) return 3;
+    pthread_join(t, 0);
+    return 4;
+}
+"#,
+    )
+    .expect("write thread-exec.c");
+    let status = Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed");
+    bin
 }
 
 #[test]
@@ -386,15 +631,16 @@ fn scan_mode_finds_containers_and_their_exits() {
     if !ready("scan_mode") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "2"], |_| {});
-    let agent = Agent::start(&["--mode", "scan", "--scan-interval", "100ms"]);
+    let agent = Agent::start(&rt, &["--mode", "scan", "--scan-interval", "100ms"]);
     let id = id("scan-mode");
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     assert_eq!(added["source"], "state-scan");
     agent.wait_event(&id, "removed", Duration::from_secs(10));
-    cleanup(&id);
+    rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success());
     assert!(log.contains("discovery mode scan"), "{log}");
@@ -485,14 +731,18 @@ fn containerd_shim_containers_are_discovered() {
     {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
     let containerd = Containerd::start(dir.path());
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let id = id("ctr");
     let rootfs = b.join("rootfs");
+    // The shim runs this test's own runc copy (see `Runtime`).
     let status = containerd.ctr(&[
         "run",
+        "--runc-binary",
+        rt.path.to_str().expect("utf-8"),
         "--rm",
         "--rootfs",
         rootfs.to_str().expect("utf-8"),
@@ -522,10 +772,14 @@ fn runtime_binaries_installed_later_are_watched() {
     if !ready("installed_later") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let late = dir.path().join("late-bin").join("runc");
     let late_s = late.to_str().expect("utf-8").to_owned();
-    let agent = Agent::start(&["--runtime-path", &late_s, "--rescan-interval", "100ms"]);
+    let agent = Agent::start(
+        &rt,
+        &["--runtime-path", &late_s, "--rescan-interval", "100ms"],
+    );
     // Install the runtime after the agent started.
     std::fs::create_dir_all(late.parent().expect("parent")).expect("mkdir");
     let runc = ["/usr/sbin/runc", "/usr/bin/runc"]
@@ -558,24 +812,25 @@ fn removed_events_carry_the_exit_code() {
     if !ready("exit_code") {
         return;
     }
+    let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     let b = bundle::busybox(&dir.path().join("three"), &["sh", "-c", "exit 3"], |_| {});
     let three = id("exit-3");
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &three]);
-    runc_ok(&["start", &three]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &three]);
+    rt.ok(&["start", &three]);
     let removed = agent.wait_event(&three, "removed", Duration::from_secs(5));
     assert_eq!(removed["exit_code"], 3, "{removed}");
-    cleanup(&three);
+    rt.cleanup(&three);
 
     let b = bundle::busybox(&dir.path().join("killed"), &["sleep", "30"], |_| {});
     let killed = id("exit-kill");
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &killed]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &killed]);
     agent.wait_event(&killed, "added", Duration::from_secs(5));
-    runc_ok(&["kill", &killed, "KILL"]);
+    rt.ok(&["kill", &killed, "KILL"]);
     let removed = agent.wait_event(&killed, "removed", Duration::from_secs(5));
     assert_eq!(removed["exit_code"], 137, "{removed}");
-    cleanup(&killed);
+    rt.cleanup(&killed);
 }
 
 #[test]
@@ -583,6 +838,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     if !ready("stdout_not_read") {
         return;
     }
+    let rt = Runtime::runc();
     use std::os::fd::{FromRawFd, OwnedFd};
     let dir = tempfile::tempdir().expect("tempdir");
     let mut fds = [0i32; 2];
@@ -605,6 +861,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
             "--listen",
             "127.0.0.1:0",
         ])
+        .args(Runtime::agent_args(Some(&rt)))
         .stdin(Stdio::null())
         .stdout(Stdio::from(write_end))
         .stderr(std::fs::File::create(&stderr).expect("stderr"))
@@ -626,8 +883,8 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
         .collect();
     for id in &ids {
         let t = Instant::now();
-        runc_ok(&["create", "--bundle", bs, id]);
-        runc_ok(&["start", id]);
+        rt.ok(&["create", "--bundle", bs, id]);
+        rt.ok(&["start", id]);
         assert!(
             t.elapsed() < Duration::from_secs(3),
             "runc waited {:?} on a blocked stdout",
@@ -635,7 +892,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
         );
     }
     for id in &ids {
-        cleanup(id);
+        rt.cleanup(id);
     }
     let log = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(log.contains("stdout is not being read"), "{log}");
@@ -669,44 +926,14 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// A plain HTTP/1.1 GET against the agent: (status, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the agent");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 #[test]
 fn health_readiness_and_metrics_endpoints() {
     if !ready("endpoints") {
         return;
     }
-    let agent = Agent::start(&[]);
-    let log = agent.log();
-    let addr = log
-        .split("on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .expect("the agent logs where it serves")
-        .to_owned();
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    let addr = agent.addr();
     assert_eq!(http_get(&addr, "/healthz"), (200, "ok\n".to_owned()));
     let (status, body) = http_get(&addr, "/readyz");
     assert_eq!(status, 200);
@@ -715,19 +942,13 @@ fn health_readiness_and_metrics_endpoints() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
     let id = id("metrics");
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["start", &id]);
     agent.wait_event(&id, "removed", Duration::from_secs(5));
-    cleanup(&id);
-    let (status, metrics) = http_get(&addr, "/metrics");
-    assert_eq!(status, 200);
+    rt.cleanup(&id);
+    let metrics = agent.metrics();
     let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+        metric(&metrics, name).unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
     };
     assert!(value("lookout_events_total{event=\"added\",source=\"runtime-hook\"}") >= 1.0);
     assert!(value("lookout_events_total{event=\"removed\",source=\"runtime-hook\"}") >= 1.0);
@@ -746,6 +967,7 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
     if !ready("busy_host") {
         return;
     }
+    let rt = Runtime::runc();
     // Regression: the BPF program used to reserve ring space for every exec
     // on the host and discard it after the name check; discarded records
     // hold their space until user space consumes them, which it only does
@@ -753,16 +975,16 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
     // the next runtime exec lost its argv (and its container).
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
-    let agent = Agent::start(&[]);
+    let agent = Agent::start(&rt, &[]);
     for _ in 0..400 {
         Command::new("/bin/true").status().expect("exec true");
     }
     let id = id("busy-host");
-    runc_ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
-    runc_ok(&["start", &id]);
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["start", &id]);
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     assert_eq!(added["container"]["status"], "created");
-    cleanup(&id);
+    rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success());
     assert!(
@@ -776,6 +998,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     if !ready("no_fanotify_scan") {
         return;
     }
+    let rt = Runtime::runc();
     // What a locked-down node looks like: fanotify_init fails. The agent
     // must not exit (that is CrashLoopBackOff in Kubernetes): it scans.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -790,6 +1013,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
         "--scan-interval",
         "100ms",
     ])
+    .args(Runtime::agent_args(None))
     .env_remove("NODE_NAME")
     .env_remove("KUBECONFIG")
     .stdin(Stdio::null())
@@ -822,7 +1046,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     }
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "2"], |_| {});
     let id = id("no-fanotify");
-    runc_ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let seen = lines
@@ -840,7 +1064,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
         assert!(Instant::now() < deadline, "scan mode never reported {id}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    cleanup(&id);
+    rt.cleanup(&id);
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     let status = child.0.wait().expect("wait");
@@ -885,6 +1109,7 @@ fn informer_mode_when_fanotify_init_fails(errno: i32, name: &str) {
             .json(),
     );
     let agent = Agent::start_with(
+        None,
         &[],
         &[
             ("NODE_NAME", "node-a"),
@@ -923,7 +1148,8 @@ fn informer_mode_when_fanotify_init_fails(errno: i32, name: &str) {
     agent.wait_event(&hex_id(6), "added", Duration::from_secs(5));
     server.delete("shop", "cart-0");
     agent.wait_event(&hex_id(3), "removed", Duration::from_secs(5));
-    std::thread::sleep(Duration::from_millis(300));
+    // N.B. no wait for the absent ones: the informer handles the watch in
+    // order, and the pods below came before the deletion just seen.
     assert!(
         agent.events_for(&hex_id(4)).is_empty(),
         "another node's pod"
@@ -967,6 +1193,7 @@ fn an_unreachable_cluster_is_refused_with_the_reason_and_scan_mode_runs() {
     let kubeconfig = server.kubeconfig(dir.path());
     drop(server);
     let agent = Agent::start_with(
+        None,
         &[],
         &[
             ("NODE_NAME", "node-a"),
@@ -1011,6 +1238,7 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
     if !ready("fallback_informer") {
         return;
     }
+    let rt = Runtime::runc();
     let server = ApiServer::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = server.kubeconfig(dir.path());
@@ -1025,6 +1253,7 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
             .json(),
     );
     let agent = Agent::start_with(
+        Some(&rt),
         &[],
         &[
             ("NODE_NAME", "node-a"),
@@ -1046,7 +1275,7 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
             "io.kubernetes.cri.container-name": "nginx",
         });
     });
-    runc_ok(&[
+    rt.ok(&[
         "run",
         "-d",
         "--bundle",
@@ -1069,7 +1298,7 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
     // And the sandbox pod goes away.
     server.delete("default", "gvisor-0");
     agent.wait_event(&sandboxed, "removed", Duration::from_secs(5));
-    cleanup(&runc_id);
+    rt.cleanup(&runc_id);
     agent.wait_event(&runc_id, "removed", Duration::from_secs(10));
     // The informer then sees it terminated too: still one removed.
     server.apply(

@@ -52,6 +52,18 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// The start time of `pid` (as [`start_time`]) if it is alive: not a
+/// zombie (`Z`) or dead (`X`). A container's init whose parent has not
+/// reaped it yet still has a `/proc` entry, but it has exited.
+pub fn live_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?;
+    if matches!(state, "Z" | "X" | "x") {
+        return None;
+    }
+    parse_start_time(&stat)
+}
+
 /// Field 22 of the text of a `/proc/<pid>/stat` file.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     // comm may contain spaces and parentheses: split after the last ')'.

@@ -30,7 +30,6 @@ use tokio::sync::mpsc;
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ArgvRing;
 use crate::hook::{Observer, Stats};
-use crate::proc;
 
 /// What the gate hands to the hook's task.
 pub(crate) enum Exec {
@@ -43,11 +42,22 @@ pub(crate) enum Exec {
     },
     /// fanotify-only mode: an exec that was allowed without argv; the task
     /// reads it from /proc once the new image runs.
-    Unseen {
-        tid: u32,
-        binary: String,
-        before: Option<Vec<String>>,
-    },
+    Unseen(Unseen),
+}
+
+/// A runtime exec allowed without its argv (fanotify-only mode): what the
+/// hook's task needs to read the argv from /proc once the new image runs.
+pub(crate) struct Unseen {
+    /// The thread that exec'd (the process id once the exec is through).
+    pub tid: u32,
+    /// The runtime binary's file name.
+    pub binary: String,
+    /// Device and inode of the runtime binary: once `/proc/<tid>/exe` is
+    /// this file, the exec went through and `cmdline` is the runtime's.
+    pub exe: Option<(u64, u64)>,
+    /// The exec'ing process, to tell its exit (and pid reuse) apart from a
+    /// slow exec. `None` when it could not be opened (a non-leader thread).
+    pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 
 /// State shared by the gate thread and the hook's task.
@@ -58,6 +68,8 @@ pub(crate) struct Shared {
     pub deadline: Duration,
     answered: AtomicU64,
     missing_argv: AtomicU64,
+    unread_argv: AtomicU64,
+    recovered: AtomicU64,
     errors: AtomicU64,
     slowest_us: AtomicU64,
 }
@@ -70,6 +82,8 @@ impl Shared {
             deadline,
             answered: AtomicU64::new(0),
             missing_argv: AtomicU64::new(0),
+            unread_argv: AtomicU64::new(0),
+            recovered: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
         }
@@ -105,6 +119,21 @@ impl Shared {
         }
     }
 
+    /// Counts a runtime exec whose argv could not be read from /proc
+    /// (see [`Stats::unread_argv`]).
+    pub fn count_unread_argv(&self) {
+        self.unread_argv.fetch_add(1, Ordering::Relaxed);
+        self.error("argv-unread");
+    }
+
+    /// Counts a container found by reconciliation.
+    pub fn count_recovered(&self) {
+        self.recovered.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.recovered();
+        }
+    }
+
     /// Counts a skipped error of `kind` (a short stable label).
     pub fn error(&self, kind: &'static str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +146,8 @@ impl Shared {
         Stats {
             answered: self.answered.load(Ordering::Relaxed),
             missing_argv: self.missing_argv.load(Ordering::Relaxed),
+            unread_argv: self.unread_argv.load(Ordering::Relaxed),
+            recovered: self.recovered.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
         }
@@ -306,21 +337,29 @@ impl Worker {
             tracing::debug!(tid, "runtime exec without a BPF argv record");
             return;
         }
-        // fanotify-only mode: the binary's name and the pre-exec cmdline
-        // let the task tell when the runtime's own argv appears.
+        // fanotify-only mode: at this point /proc/<tid>/cmdline is still the
+        // parent's. Note what lets the task recognise the runtime's own argv
+        // once the exec is through (the binary's identity, a pidfd), with
+        // nothing that reads another process's memory: a hostile parent
+        // must not be able to stall this thread.
+        let fd = perm.fd();
         let binary = std::fs::read_link(format!(
             "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&perm.fd())
+            std::os::fd::AsRawFd::as_raw_fd(&fd)
         ))
         .map(|p| basename(&p.to_string_lossy()))
         .unwrap_or_default();
-        let before = proc::cmdline(tid);
+        let exe = nix::sys::stat::fstat(fd)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino));
+        let pidfd = crate::pidfd::pidfd_open(tid).ok();
         self.shared.answer(perm, since);
-        let _ = self.tx.blocking_send(Exec::Unseen {
+        let _ = self.tx.blocking_send(Exec::Unseen(Unseen {
             tid,
             binary,
-            before,
-        });
+            exe,
+            pidfd,
+        }));
     }
 }
 

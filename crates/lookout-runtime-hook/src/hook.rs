@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
-use crate::gate::{Exec, Gate, Shared, answer};
+use crate::gate::{Exec, Gate, Shared, Unseen, answer};
 use crate::oci::{OciConfig, read_config_within};
 use crate::state::{default_root, read_pid_file, read_state};
 use crate::{Error, pidfd, proc};
@@ -41,8 +41,12 @@ pub trait Observer: Send + Sync {
     /// A permission event was answered after `elapsed`.
     fn answered(&self, elapsed: Duration);
     /// Something went wrong and was skipped; `kind` is a short stable label
-    /// (`argv`, `config`, `overflow`, `read`, `mark`).
+    /// (`argv`, `argv-unread`, `config`, `overflow`, `read`, `mark`).
     fn error(&self, kind: &'static str);
+    /// A container was found only by reconciling the state directories
+    /// after runtime execs whose argv could not be read (fanotify-only
+    /// mode); it was reported late.
+    fn recovered(&self) {}
 }
 
 /// Something the runtime's `start` of a container waits for, such as the
@@ -141,8 +145,33 @@ enum Notice {
         binary: String,
         argv: Vec<String>,
     },
+    /// fanotify-only mode: the argv of a runtime exec could not be read;
+    /// `why` says why. The state directories are scanned for what it may
+    /// have created, now and once it has ended (`after`).
+    Unread {
+        pid: u32,
+        binary: String,
+        why: String,
+        after: Afterwards,
+    },
+    /// Scan the state directories again (see [`Afterwards`]).
+    Reconcile,
     /// The init process of a tracked container exited.
     Exited(String, u32),
+}
+
+/// What is known of a runtime exec whose argv could not be read: when has
+/// it created whatever it was going to create?
+#[derive(Debug)]
+enum Afterwards {
+    /// It has ended: a scan now sees what it made.
+    Ended,
+    /// It still runs: scan again when this pidfd says it ended.
+    Running(std::os::fd::OwnedFd),
+    /// Unknown (no pidfd: the exec came from a thread other than the main
+    /// one, whose id vanished with the exec): scan again after
+    /// [`RECONCILE_AGAIN`].
+    Unknown,
 }
 
 /// Counters, for metrics and tests.
@@ -150,8 +179,16 @@ enum Notice {
 pub struct Stats {
     /// Permission events answered.
     pub answered: u64,
-    /// Runtime execs without a BPF argv record.
+    /// Runtime execs without a BPF argv record (in fanotify-only mode,
+    /// every runtime exec).
     pub missing_argv: u64,
+    /// fanotify-only mode: runtime execs whose argv could not be read from
+    /// /proc either (the process ended first, or an exec flood). Each one
+    /// triggers a reconciliation from the state directories.
+    pub unread_argv: u64,
+    /// Containers that only reconciliation found (reported late, source
+    /// `state-scan`): without it they would have been missed.
+    pub recovered: u64,
     /// Errors (bad argv, config, state) that were logged and skipped.
     pub errors: u64,
     /// The slowest answer, in microseconds.
@@ -171,6 +208,16 @@ pub struct RuntimeHook {
     shared: Arc<Shared>,
     execs: mpsc::Receiver<Exec>,
     gate: Gate,
+    /// Runtime roots seen in argv (`--root`), scanned by reconciliation
+    /// besides the default ones. Bounded by [`MAX_LEARNED_ROOTS`].
+    learned_roots: Vec<(RuntimeKind, PathBuf)>,
+    /// Runtime execs whose argv could not be read since the last
+    /// reconciliation (fanotify-only mode), for its log line.
+    unread: Vec<String>,
+    /// fanotify-only mode: argv readers running now (bounded).
+    late_readers: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the oldest entry of `unread` came.
+    unread_since: Instant,
 }
 
 impl Drop for RuntimeHook {
@@ -195,6 +242,19 @@ impl std::fmt::Debug for RuntimeHook {
 
 const MAX_PENDING: usize = 4096;
 const PENDING_TTL: Duration = Duration::from_secs(60);
+/// fanotify-only mode: how long an allowed runtime exec may take to show
+/// its own command line in /proc before it counts as unread.
+const LATE_ARGV_DEADLINE: Duration = Duration::from_secs(5);
+/// fanotify-only mode: at most this many execs are followed at once; more
+/// (an exec flood) count as unread and are covered by reconciliation.
+const MAX_LATE_READERS: usize = 256;
+const MAX_LEARNED_ROOTS: usize = 64;
+/// When an unread runtime exec cannot be followed to its end, the state
+/// directories are scanned again after these delays (a `create` takes tens
+/// of milliseconds, more on a loaded node).
+const RECONCILE_AGAIN: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
+/// The longest a reconciliation waits for busy argv readers.
+const RECONCILE_SETTLE: Duration = Duration::from_secs(1);
 
 impl RuntimeHook {
     /// Loads the BPF programs (if given), creates the group and marks the
@@ -233,6 +293,10 @@ impl RuntimeHook {
             shared,
             execs,
             gate,
+            learned_roots: Vec::new(),
+            unread: Vec::new(),
+            late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            unread_since: Instant::now(),
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -304,10 +368,51 @@ impl RuntimeHook {
     /// directories (source `state-scan`). A pid whose start time does not
     /// match the state file (pid reuse) is skipped.
     pub fn scan(&mut self, sink: &mut dyn Sink) {
-        let tracked = &self.tracked;
-        let found = crate::scan::scan_state(&self.config.host_root, &|id| tracked.contains_key(id));
-        for c in found {
+        for c in self.scan_untracked() {
             let Some(pid) = c.pid else { continue };
+            self.track(c.clone(), pid);
+            sink.emit(ContainerEvent::added(Source::StateScan, c));
+        }
+    }
+
+    /// Containers in the state directories (the default roots and those
+    /// seen in argv) that are neither tracked nor pending.
+    fn scan_untracked(&self) -> Vec<Container> {
+        let (tracked, pending) = (&self.tracked, &self.pending);
+        let known = |id: &str| tracked.contains_key(id) || pending.contains_key(id);
+        crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &known)
+    }
+
+    /// When to reconcile after unread execs: once no argv reader is busy
+    /// (each one ends with a notice, which wakes the loop), or at the
+    /// latest [`RECONCILE_SETTLE`] after the first unread exec. A scan
+    /// while readers are busy would race them: it would report (late, as
+    /// `running`) containers whose `create` the hook is about to report
+    /// as it should.
+    fn reconcile_due(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let busy = self.late_readers.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        let at = if busy {
+            self.unread_since + RECONCILE_SETTLE
+        } else {
+            Instant::now()
+        };
+        tokio::time::sleep_until(at.into())
+    }
+
+    /// fanotify-only mode: after runtime execs whose argv could not be
+    /// read, reports what the state directories hold that nobody reported.
+    fn reconcile(&mut self, sink: &mut dyn Sink) {
+        let unread = std::mem::take(&mut self.unread);
+        for c in self.scan_untracked() {
+            let Some(pid) = c.pid else { continue };
+            self.shared.count_recovered();
+            tracing::warn!(
+                id = c.id,
+                pid,
+                execs = ?unread,
+                "container found by reconciliation: the argv of these runtime execs could \
+                 not be read (fanotify mode without BPF); reported late, from the state directory"
+            );
             self.track(c.clone(), pid);
             sink.emit(ContainerEvent::added(Source::StateScan, c));
         }
@@ -329,10 +434,13 @@ impl RuntimeHook {
                 .map_or(Duration::from_secs(3600), |r| r.interval),
         );
         loop {
+            let due = self.reconcile_due();
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(x) = self.execs.recv() => self.on_exec(x, sink),
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
+                // Several unread execs cost one scan; see `reconcile_due`.
+                () = due, if !self.unread.is_empty() => self.reconcile(sink),
                 _ = sweep.tick() => self.sweep(),
                 _ = rescan_tick.tick(), if rescan.is_some() => {
                     if let Some(r) = &rescan {
@@ -364,11 +472,7 @@ impl RuntimeHook {
                 self.on_invocation(pid, &inv, Some(perm), sink);
                 self.shared.answered(since);
             }
-            Exec::Unseen {
-                tid,
-                binary,
-                before,
-            } => self.spawn_late_argv(tid, binary, before),
+            Exec::Unseen(u) => self.spawn_late_argv(u),
         }
     }
 
@@ -475,6 +579,7 @@ impl RuntimeHook {
             .root
             .clone()
             .unwrap_or_else(|| default_root(&inv.runtime));
+        self.learn_root(&inv.runtime, &root);
         let pid_file = args
             .pid_file
             .as_ref()
@@ -482,6 +587,11 @@ impl RuntimeHook {
                 (Some(cwd), false) => cwd.join(p),
                 _ => p.clone(),
             });
+        if self.tracked.contains_key(&args.id) {
+            // Reported already (reconciliation was first), or a create
+            // that fails: runc refuses an id that exists.
+            return;
+        }
         if self.pending.len() >= MAX_PENDING {
             self.sweep();
         }
@@ -497,6 +607,18 @@ impl RuntimeHook {
                 since: Instant::now(),
             },
         );
+    }
+
+    /// Remembers a `--root` for reconciliation scans.
+    fn learn_root(&mut self, runtime: &RuntimeKind, root: &Path) {
+        if root == default_root(runtime)
+            || self.learned_roots.len() >= MAX_LEARNED_ROOTS
+            || self.learned_roots.iter().any(|(_, r)| r == root)
+        {
+            return;
+        }
+        self.learned_roots
+            .push((runtime.clone(), root.to_path_buf()));
     }
 
     fn spawn_exit_wait(&self, pid: u32, notice: Notice) {
@@ -532,23 +654,34 @@ impl RuntimeHook {
         });
     }
 
-    fn spawn_late_argv(&self, pid: u32, binary: String, before: Option<Vec<String>>) {
-        // fanotify-only mode: once the exec is allowed, /proc/<pid>/cmdline
-        // turns from the parent's argv into the runtime's. Best effort: a
-        // command that ends within ~10 ms (`start`, `delete`) may be gone
-        // before we read it; `create` and `run` live longer.
+    /// fanotify-only mode: once the exec is allowed and through, the
+    /// runtime's own argv is in /proc/<pid>/cmdline. Follows the process
+    /// until then. If it ends first (a `start` or `delete` takes a few ms;
+    /// a `create` on a loaded node can too), or the argv does not appear
+    /// within [`LATE_ARGV_DEADLINE`], it is reported as unread and the
+    /// state directories are reconciled: a container it created is still
+    /// reported, late, with source `state-scan`.
+    fn spawn_late_argv(&self, u: Unseen) {
         let tx = self.notices_tx.clone();
+        let readers = Arc::clone(&self.late_readers);
+        if readers.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAX_LATE_READERS {
+            readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            let after = match u.pidfd {
+                Some(fd) => Afterwards::Running(fd),
+                None => Afterwards::Unknown,
+            };
+            let _ = tx.try_send(Notice::Unread {
+                pid: u.tid,
+                binary: u.binary,
+                why: format!("more than {MAX_LATE_READERS} runtime execs followed at once"),
+                after,
+            });
+            return;
+        }
         tokio::spawn(async move {
-            for _ in 0..50 {
-                match proc::cmdline(pid) {
-                    None => return,
-                    Some(argv) if Some(&argv) != before.as_ref() && !argv.is_empty() => {
-                        let _ = tx.send(Notice::LateArgv { pid, binary, argv }).await;
-                        return;
-                    }
-                    Some(_) => tokio::time::sleep(Duration::from_micros(200)).await,
-                }
-            }
+            let notice = follow_exec(u).await;
+            readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = tx.send(notice).await;
         });
     }
 
@@ -560,6 +693,54 @@ impl RuntimeHook {
                 }
             }
             Notice::LateArgv { pid, binary, argv } => self.on_argv(pid, &binary, &argv, None, sink),
+            Notice::Reconcile => {
+                if self.unread.is_empty() {
+                    self.unread_since = Instant::now();
+                    self.unread.push("(a later look)".into());
+                }
+            }
+            Notice::Unread {
+                pid,
+                binary,
+                why,
+                after,
+            } => {
+                self.shared.count_unread_argv();
+                if self.unread.is_empty() {
+                    self.unread_since = Instant::now();
+                }
+                tracing::debug!(
+                    pid,
+                    binary,
+                    why,
+                    "runtime exec whose argv could not be read; reconciling from the state directories"
+                );
+                if self.unread.len() < 16 {
+                    self.unread.push(format!("{binary}[{pid}]: {why}"));
+                } else if self.unread.len() == 16 {
+                    self.unread.push("...".into());
+                }
+                // A scan follows at once (the `unread` branch of the loop);
+                // one more once the exec has made what it makes.
+                let tx = self.notices_tx.clone();
+                match after {
+                    Afterwards::Ended => {}
+                    Afterwards::Running(fd) => {
+                        tokio::spawn(async move {
+                            let _ = pidfd::wait_exit(fd).await;
+                            let _ = tx.send(Notice::Reconcile).await;
+                        });
+                    }
+                    Afterwards::Unknown => {
+                        tokio::spawn(async move {
+                            for delay in RECONCILE_AGAIN {
+                                tokio::time::sleep(delay).await;
+                                let _ = tx.send(Notice::Reconcile).await;
+                            }
+                        });
+                    }
+                }
+            }
             Notice::Observed(obs) => {
                 if self.pending.contains_key(&obs.id) {
                     let id = obs.id.clone();
@@ -597,6 +778,10 @@ impl RuntimeHook {
             None => self.read_pid(id, &p),
         };
         let Some(pid) = pid else { return };
+        if self.tracked.get(id).and_then(|c| c.pid) == Some(pid) {
+            // Reconciliation got there first.
+            return;
+        }
         let mut c = Container::new(id, p.runtime.clone());
         c.bundle = p.bundle.clone();
         c.runtime_root = Some(p.root.clone());
@@ -648,6 +833,68 @@ impl RuntimeHook {
                 "dropped stale pending creates"
             );
         }
+    }
+}
+
+/// Follows an allowed runtime exec until its own argv is readable (see
+/// [`RuntimeHook::spawn_late_argv`]).
+async fn follow_exec(u: Unseen) -> Notice {
+    let Unseen {
+        tid,
+        binary,
+        exe,
+        pidfd,
+    } = u;
+    let deadline = Instant::now() + LATE_ARGV_DEADLINE;
+    let mut wait = Duration::from_micros(100);
+    loop {
+        // Through the exec: /proc/<tid>/exe is the runtime binary (when
+        // its identity is known) and cmdline is set.
+        let through = exe.is_none_or(|want| {
+            nix::sys::stat::stat(format!("/proc/{tid}/exe").as_str())
+                .is_ok_and(|st| (st.st_dev, st.st_ino) == want)
+        });
+        if through
+            && let Some(argv) = proc::cmdline(tid)
+            && !argv.is_empty()
+        {
+            // Read while the process lived: the argv is its own, not that
+            // of a process that reused the pid.
+            let alive = pidfd.as_ref().is_none_or(|fd| !pidfd::has_exited(fd));
+            if alive {
+                return Notice::LateArgv {
+                    pid: tid,
+                    binary,
+                    argv,
+                };
+            }
+        }
+        let gone = match &pidfd {
+            Some(fd) => pidfd::has_exited(fd),
+            None => proc::start_time(tid).is_none(),
+        };
+        if gone {
+            return Notice::Unread {
+                pid: tid,
+                binary,
+                why: "it ended before its command line could be read".into(),
+                after: if pidfd.is_some() {
+                    Afterwards::Ended
+                } else {
+                    Afterwards::Unknown
+                },
+            };
+        }
+        if Instant::now() >= deadline {
+            return Notice::Unread {
+                pid: tid,
+                binary,
+                why: format!("its command line did not appear within {LATE_ARGV_DEADLINE:?}"),
+                after: pidfd.map_or(Afterwards::Unknown, Afterwards::Running),
+            };
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(2));
     }
 }
 

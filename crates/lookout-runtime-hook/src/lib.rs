@@ -40,7 +40,7 @@ pub mod state;
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, Stats};
 pub use lookout_model::proc;
-pub use scan::{Scanner, scan_state};
+pub use scan::{Scanner, scan_state, scan_state_in};
 
 use std::path::PathBuf;
 

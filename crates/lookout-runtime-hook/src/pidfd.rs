@@ -31,3 +31,14 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
     debug_assert!(afd.get_ref().as_raw_fd() >= 0);
     Ok(())
 }
+
+/// Whether the process behind `pidfd` has exited (a zombie counts), without
+/// waiting.
+pub fn has_exited(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd;
+    let mut fds = [nix::poll::PollFd::new(
+        pidfd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}

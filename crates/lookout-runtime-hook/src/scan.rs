@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lookout_model::{Container, ContainerEvent, Source, Status};
+use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
 use tokio::sync::mpsc;
 
 use crate::hook::{Sink, fill};
@@ -20,8 +20,24 @@ fn host(root: &Path, p: &Path) -> PathBuf {
 /// Containers whose state files name a live process (start time checked
 /// against pid reuse), skipping ids for which `known` is true.
 pub fn scan_state(host_root: &Path, known: &dyn Fn(&str) -> bool) -> Vec<Container> {
+    scan_state_in(host_root, &[], known)
+}
+
+/// [`scan_state`] in the default roots and in `extra` roots (host paths,
+/// e.g. `--root` values seen in runtime argv).
+pub fn scan_state_in(
+    host_root: &Path,
+    extra: &[(RuntimeKind, PathBuf)],
+    known: &dyn Fn(&str) -> bool,
+) -> Vec<Container> {
     let mut found = Vec::new();
-    for (runtime, root) in scan_roots(host_root) {
+    let mut roots = scan_roots(host_root);
+    for r in extra {
+        if !roots.contains(r) {
+            roots.push(r.clone());
+        }
+    }
+    for (runtime, root) in roots {
         let Ok(entries) = std::fs::read_dir(host(host_root, &root)) else {
             continue;
         };
@@ -39,7 +55,7 @@ pub fn scan_state(host_root: &Path, known: &dyn Fn(&str) -> bool) -> Vec<Contain
                     continue;
                 }
             };
-            let alive = proc::start_time(state.pid);
+            let alive = proc::live_start_time(state.pid);
             if alive.is_none() || (state.start_time.is_some() && alive != state.start_time) {
                 tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
                 continue;
