@@ -1300,13 +1300,30 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
     agent.wait_event(&sandboxed, "removed", Duration::from_secs(5));
     rt.cleanup(&runc_id);
     agent.wait_event(&runc_id, "removed", Duration::from_secs(10));
-    // The informer then sees it terminated too: still one removed.
+    // The informer then sees it terminated too: still one removed. Its
+    // report is suppressed as a duplicate, which the metric shows.
+    let suppressed = || {
+        metric(
+            &agent.metrics(),
+            "lookout_duplicate_events_suppressed_total",
+        )
+        .unwrap_or(0.0)
+    };
+    let before = suppressed();
     server.apply(
         PodJson::new("default", "web-0", "uid-web", "node-a")
             .terminated("nginx", "nginx:1.27", "containerd", &runc_id, 137, false)
             .json(),
     );
-    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while suppressed() <= before {
+        assert!(
+            Instant::now() < deadline,
+            "the informer's removal was never seen:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for id in [&runc_id, &sandboxed] {
         let ev = agent.events_for(id);
         let n = |k: &str| ev.iter().filter(|e| e["event"] == k).count();
