@@ -96,6 +96,11 @@ pub struct RunArgs {
     /// longest a runtime's `start` waits for a container's prestart hooks.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     hook_timeout: Duration,
+    /// The longest a runtime exec waits on lookout for anything but a
+    /// container's prestart hooks (reading its config.json and state). A
+    /// hung file system costs the one container involved at most this.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    answer_deadline: Duration,
     /// Post a Kubernetes Event (`NewContainerConfig`) on this Node for every
     /// new container.
     #[arg(long)]
@@ -115,18 +120,30 @@ pub fn absolute_path(s: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// The longest interval or deadline accepted (a larger one would overflow
+/// the clock arithmetic of timers).
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A positive duration: humantime syntax (`500ms`, `2s`, `1m30s`, `1h`), or
+/// a bare number of seconds. Zero is refused: every interval and deadline
+/// of the agent must let time pass.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (e.g. 500ms, 2s)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        _ => Err(format!("invalid duration unit in {s:?} (use ms or s)")),
+    let s = s.trim();
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{s:?} is too large"))?
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 500ms, 2s, 1m30s)"))?
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be greater than zero"));
     }
+    if d > MAX_DURATION {
+        return Err(format!("{s:?}: must be at most 30 days"));
+    }
+    Ok(d)
 }
 
 /// Hands each event to a writer thread that writes it to stdout and
@@ -273,6 +290,7 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+    raise_nofile_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -373,7 +391,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                             as std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>
                     }),
                     start_barrier_cap: args.hook_timeout,
-                    ..Config::new()
+                    answer_deadline: args.answer_deadline,
                 };
                 match RuntimeHook::new(config) {
                     Ok(h) => {
@@ -588,6 +606,23 @@ fn rescan(args: &RunArgs) -> Rescan {
     }
 }
 
+/// Raises the soft open-file limit to the hard one. The agent's fds grow
+/// with tracked containers (a pidfd each), running hooks, queued permission
+/// events and HTTP connections; when fanotify cannot install an event's fd
+/// the kernel answers the permission event with a *deny*, and runtime execs
+/// fail across the node. Failing to raise it is logged, not fatal.
+fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => tracing::warn!(%e, soft, hard, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(%e, "cannot read the open-file limit"),
+    }
+}
+
 /// Start-up parses the kernel's BTF (tens of MB, inside aya) and verifier
 /// logs; give the freed heap back to the kernel so that the agent's
 /// resident size reflects what it keeps.
@@ -622,7 +657,21 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("2h").is_err());
-        assert!(parse_duration("x").is_err());
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in [
+            "x",
+            "",
+            "0",
+            "0s",
+            "0ms",
+            "-1s",
+            "-1",
+            "1y2",
+            "99999999999999999999",
+            "31d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -1341,3 +1341,77 @@ fn the_fallback_informer_adds_only_what_the_hook_cannot_see_once() {
         "{log}"
     );
 }
+
+#[test]
+fn zero_negative_and_malformed_durations_are_refused_with_exit_code_2() {
+    // clap checks values before anything runs: no root needed.
+    for (flag, value) in [
+        ("--scan-interval", "0s"),
+        ("--rescan-interval", "0"),
+        ("--event-deadline", "-1s"),
+        ("--hook-timeout", "soon"),
+        ("--answer-deadline", "0ms"),
+        ("--scan-interval", "400d"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lookout"))
+            .args(["run", &format!("{flag}={value}"), "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lookout");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value) && !err.contains("panicked"),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_agent_raises_its_open_file_limit_to_the_hard_limit() {
+    if !ready("nofile") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+    cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
+        .args(Runtime::agent_args(Some(&rt)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr"));
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the
+    // child between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 4096,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = KillOnDrop(cmd.spawn().expect("spawn"));
+    let limits = format!("/proc/{}/limits", child.0.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&limits).unwrap_or_default();
+        let open_files: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .map(|l| l.split_whitespace().skip(3).take(2).collect())
+            .unwrap_or_default();
+        if open_files == ["4096", "4096"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "soft limit not raised: {open_files:?}\n{}",
+            std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

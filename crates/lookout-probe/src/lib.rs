@@ -151,6 +151,7 @@ pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
     let sandbox = system::sandbox();
     checks.push(Check::from_result("sandbox", &sandbox));
     checks.push(Check::from_result("cgroup", &system::cgroup_version()));
+    checks.push(Check::from_result("limits:nofile", &system::nofile_limit()));
 
     let candidates = if opts.default_runtimes {
         candidate_paths(

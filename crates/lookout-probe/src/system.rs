@@ -123,6 +123,40 @@ pub fn sandbox() -> Result<String, Fail> {
     Ok("none detected".into())
 }
 
+/// The open-file limit (`RLIMIT_NOFILE`). `lookout run` raises its soft
+/// limit to the hard one at start; the fds it needs grow with tracked
+/// containers, running hooks and connections, and when fanotify cannot
+/// install an event's fd the kernel *denies* the exec.
+pub fn nofile_limit() -> Result<String, Fail> {
+    // SAFETY: zeroed is a valid rlimit; getrlimit writes into it.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid resource and a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(Fail::error(format!(
+            "getrlimit(RLIMIT_NOFILE): {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let show = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            "unlimited".to_owned()
+        } else {
+            v.to_string()
+        }
+    };
+    let detail = format!(
+        "soft {}, hard {} (lookout run raises the soft limit to the hard one)",
+        show(lim.rlim_cur),
+        show(lim.rlim_max)
+    );
+    if lim.rlim_max != libc::RLIM_INFINITY && lim.rlim_max < 1024 {
+        return Err(Fail::unsupported(format!(
+            "{detail}: below 1024, a busy node can run the agent out of fds"
+        )));
+    }
+    Ok(detail)
+}
+
 /// cgroup layout at `/sys/fs/cgroup`.
 pub fn cgroup_version() -> Result<String, Fail> {
     let root = statfs_magic("/sys/fs/cgroup")
