@@ -31,6 +31,11 @@ struct ModeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: String,
 }
@@ -48,6 +53,7 @@ pub struct Metrics {
     stdout_late: Counter,
     stdout_dropped: Counter,
     recovered: Counter,
+    ignored: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -111,7 +117,15 @@ impl Metrics {
              whose argv could not be read (fanotify mode without BPF); reported late",
             recovered.clone(),
         );
+        let ignored = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "runtime_execs_ignored",
+            "Runtime execs allowed at once and not followed, by reason (non-root: the caller is \
+             not host root and cannot make a rootful container)",
+            ignored.clone(),
+        );
         Metrics {
+            ignored,
             recovered,
             duplicates,
             registry,
@@ -190,6 +204,14 @@ impl lookout_runtime_hook::Observer for Metrics {
 
     fn recovered(&self) {
         self.recovered.inc();
+    }
+
+    fn ignored(&self, reason: &'static str) {
+        self.ignored
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 }
 

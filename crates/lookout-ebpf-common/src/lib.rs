@@ -152,8 +152,10 @@ pub struct ExecEvent {
     pub args_len: u32,
     /// `EXEC_FLAG_*`.
     pub flags: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// The caller's real uid as the initial user namespace sees it
+    /// (`bpf_get_current_uid_gid`): 0 only for host root. Root inside an
+    /// unprivileged user namespace is its mapped host uid.
+    pub uid: u32,
     /// The path passed to exec, NUL-terminated.
     pub filename: [u8; FILENAME_LEN],
     /// The arguments, each NUL-terminated, back to back. The extra

@@ -2,7 +2,7 @@
 //! `sys_enter_execveat`, filtered by the exec'd file's name in the kernel.
 
 use aya_ebpf::helpers::{
-    bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+    bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
 };
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{HashMap, PerCpuArray, RingBuf};
@@ -144,7 +144,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         (*ev).argc = argc;
         (*ev).args_len = off as u32;
         (*ev).flags = fl;
-        (*ev)._pad = 0;
+        (*ev).uid = bpf_get_current_uid_gid() as u32;
     }
     entry.submit(BPF_RB_NO_WAKEUP);
     Ok(())

@@ -64,6 +64,44 @@ pub fn live_start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// Why `pid`, named by a runtime's state as a container's init process,
+/// cannot be one: `None` when it can. It must be alive (not a zombie), not
+/// pid 1, and in a mount namespace of its own (neither this process's nor
+/// pid 1's, when that is readable). A state file that names a host
+/// process is a spoof or a bug, never a container.
+pub fn not_a_container_init(pid: u32) -> Option<String> {
+    if pid <= 1 {
+        return Some(format!("pid {pid} is the host's init"));
+    }
+    if live_start_time(pid).is_none() {
+        return Some(format!("pid {pid} is not alive"));
+    }
+    let Some(mnt) = ns_inode(pid, "mnt") else {
+        return Some(format!("the mount namespace of pid {pid} cannot be read"));
+    };
+    let own = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino()
+    });
+    if Some(mnt) == own || Some(mnt) == ns_inode(1, "mnt") {
+        return Some(format!("pid {pid} is in the host's mount namespace"));
+    }
+    None
+}
+
+/// The real uid of `pid` (the first `Uid:` field of its status), as the
+/// reader's user namespace sees it.
+pub fn real_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Field 22 of the text of a `/proc/<pid>/stat` file.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     // comm may contain spaces and parentheses: split after the last ')'.

@@ -25,6 +25,8 @@ pub struct ExecRecord {
     pub tid: u32,
     /// CLOCK_MONOTONIC at syscall entry.
     pub ktime_ns: u64,
+    /// The caller's real uid in the initial user namespace (0: host root).
+    pub uid: u32,
     /// The path passed to exec.
     pub filename: String,
     /// The arguments.
@@ -68,6 +70,7 @@ impl ExecRecord {
             tgid: u32_at(offset_of!(ExecEvent, tgid))?,
             tid: u32_at(offset_of!(ExecEvent, tid))?,
             ktime_ns: u64_at(offset_of!(ExecEvent, ktime_ns))?,
+            uid: u32_at(offset_of!(ExecEvent, uid))?,
             filename,
             argv,
             truncated: u32_at(offset_of!(ExecEvent, flags))? & EXEC_FLAG_TRUNCATED != 0,
@@ -310,7 +313,7 @@ mod tests {
             argc: 3,
             args_len: 0,
             flags: EXEC_FLAG_TRUNCATED,
-            _pad: 0,
+            uid: 1000,
             filename: [0; lookout_ebpf_common::FILENAME_LEN],
             args: [0; ARGS_SIZE + lookout_ebpf_common::ARG_LEN],
         };
@@ -327,6 +330,7 @@ mod tests {
         assert_eq!(rec.filename, "/bin/runc");
         assert_eq!(rec.argv, ["runc", "start", "c1"]);
         assert_eq!((rec.tgid, rec.tid, rec.truncated), (10, 11, true));
+        assert_eq!(rec.uid, 1000);
         assert!(ExecRecord::from_bytes(&shifted[1..100]).is_none());
     }
 }

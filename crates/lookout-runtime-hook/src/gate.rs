@@ -70,6 +70,7 @@ pub(crate) struct Shared {
     missing_argv: AtomicU64,
     unread_argv: AtomicU64,
     recovered: AtomicU64,
+    ignored: AtomicU64,
     errors: AtomicU64,
     slowest_us: AtomicU64,
 }
@@ -84,6 +85,7 @@ impl Shared {
             missing_argv: AtomicU64::new(0),
             unread_argv: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
         }
@@ -126,6 +128,14 @@ impl Shared {
         self.error("argv-unread");
     }
 
+    /// Counts a runtime exec that is not followed, for `reason`.
+    pub fn ignored(&self, reason: &'static str) {
+        self.ignored.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.ignored(reason);
+        }
+    }
+
     /// Counts a container found by reconciliation.
     pub fn count_recovered(&self) {
         self.recovered.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +158,7 @@ impl Shared {
             missing_argv: self.missing_argv.load(Ordering::Relaxed),
             unread_argv: self.unread_argv.load(Ordering::Relaxed),
             recovered: self.recovered.load(Ordering::Relaxed),
+            ignored: self.ignored.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
         }
@@ -297,6 +308,21 @@ impl Worker {
             self.without_argv(tid, perm, since);
             return;
         };
+        // Only host root makes rootful containers. Any other caller (a
+        // user, root inside an unprivileged user namespace) may run the
+        // runtime, but what it claims is never taken as a container: no
+        // report, no hook run as root, no Kubernetes identity, no way to
+        // replace a tracked container (docs/security.md).
+        if r.uid != 0 {
+            self.shared.answer(perm, since);
+            self.shared.ignored("non-root");
+            tracing::debug!(
+                tid,
+                uid = r.uid,
+                "runtime exec by a non-root caller: not a container"
+            );
+            return;
+        }
         // After execve the process id is the tgid even when another thread
         // called it. The binary's name comes from the exec'd path.
         let binary = basename(&r.filename);

@@ -47,6 +47,11 @@ pub trait Observer: Send + Sync {
     /// after runtime execs whose argv could not be read (fanotify-only
     /// mode); it was reported late.
     fn recovered(&self) {}
+    /// A runtime exec was allowed and not followed, for `reason`
+    /// (`non-root`: its caller is not host root).
+    fn ignored(&self, reason: &'static str) {
+        let _ = reason;
+    }
 }
 
 /// Something the runtime's `start` of a container waits for, such as the
@@ -156,6 +161,9 @@ enum Notice {
     },
     /// Scan the state directories again (see [`Afterwards`]).
     Reconcile,
+    /// fanotify-only mode: a runtime exec by a caller other than host
+    /// root: not a container (see the gate).
+    Foreign { pid: u32 },
     /// The init process of a tracked container exited.
     Exited(String, u32),
 }
@@ -189,6 +197,9 @@ pub struct Stats {
     /// Containers that only reconciliation found (reported late, source
     /// `state-scan`): without it they would have been missed.
     pub recovered: u64,
+    /// Runtime execs allowed and not followed because their caller is not
+    /// host root (they cannot make a rootful container).
+    pub ignored: u64,
     /// Errors (bad argv, config, state) that were logged and skipped.
     pub errors: u64,
     /// The slowest answer, in microseconds.
@@ -693,6 +704,10 @@ impl RuntimeHook {
                 }
             }
             Notice::LateArgv { pid, binary, argv } => self.on_argv(pid, &binary, &argv, None, sink),
+            Notice::Foreign { pid } => {
+                self.shared.ignored("non-root");
+                tracing::debug!(pid, "runtime exec by a non-root caller: not a container");
+            }
             Notice::Reconcile => {
                 if self.unread.is_empty() {
                     self.unread_since = Instant::now();
@@ -778,6 +793,23 @@ impl RuntimeHook {
             None => self.read_pid(id, &p),
         };
         let Some(pid) = pid else { return };
+        // The state names the init process; make sure it is one (a `run`
+        // watcher saw it alive, in its own namespaces, already).
+        let refused = match &seen {
+            None => proc::not_a_container_init(pid),
+            Some(_) if pid <= 1 => Some(format!("pid {pid} is the host's init")),
+            Some(_) => None,
+        };
+        if let Some(why) = refused {
+            self.shared.error("state");
+            tracing::warn!(
+                id,
+                pid,
+                why,
+                "the runtime's state names no container process; not reported"
+            );
+            return;
+        }
         if self.tracked.get(id).and_then(|c| c.pid) == Some(pid) {
             // Reconciliation got there first.
             return;
@@ -861,6 +893,9 @@ async fn follow_exec(u: Unseen) -> Notice {
             // Read while the process lived: the argv is its own, not that
             // of a process that reused the pid.
             let alive = pidfd.as_ref().is_none_or(|fd| !pidfd::has_exited(fd));
+            if alive && proc::real_uid(tid) != Some(0) {
+                return Notice::Foreign { pid: tid };
+            }
             if alive {
                 return Notice::LateArgv {
                     pid: tid,

@@ -60,6 +60,15 @@ pub fn scan_state_in(
                 tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
                 continue;
             }
+            if let Some(why) = proc::not_a_container_init(state.pid) {
+                tracing::warn!(
+                    id,
+                    pid = state.pid,
+                    why,
+                    "state file names no container process; skipped"
+                );
+                continue;
+            }
             let config = state.bundle.as_ref().and_then(|b| {
                 read_config(&host(host_root, b), None)
                     .map_err(|e| tracing::warn!(id, %e, "cannot read the container's config"))
