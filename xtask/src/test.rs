@@ -13,6 +13,8 @@ pub const PACKAGES: &[&str] = &[
     "conmon",
     "busybox-static",
     "util-linux",
+    // useradd, for the tests that play an unprivileged attacker.
+    "passwd",
     // mkfs.ext4 and a loop-mounted file system for the inode-map FUSE tests.
     "e2fsprogs",
     "mount",

@@ -40,6 +40,16 @@ pub const EXECVEAT_ARGV: usize = 32;
 
 #[inline(always)]
 pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, flags: u32) -> Result<(), i64> {
+    // Only host root's execs are recorded: no other caller can make a
+    // rootful container (user space allows theirs at once), and so no
+    // unprivileged process, at any exec rate, can fill the ring and crowd
+    // out a root runtime's record. The helper's uid is the caller's real
+    // uid in the initial user namespace: root in an unprivileged user
+    // namespace is its mapped, non-zero uid.
+    let uid = bpf_get_current_uid_gid() as u32;
+    if uid != 0 {
+        return Ok(());
+    }
     // SAFETY: offsets come from the tracepoint format; read_at checks them.
     let filename: u64 = unsafe { ctx.read_at(filename_off) }?;
     // SAFETY: as above.
@@ -144,7 +154,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         (*ev).argc = argc;
         (*ev).args_len = off as u32;
         (*ev).flags = fl;
-        (*ev).uid = bpf_get_current_uid_gid() as u32;
+        (*ev).uid = uid;
     }
     entry.submit(BPF_RB_NO_WAKEUP);
     Ok(())

@@ -357,9 +357,12 @@ impl Worker {
     fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
         self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
         if self.ring.is_some() {
-            // An exec path the BPF programs do not see: nothing to learn
+            // A caller other than host root (the programs record only
+            // root's execs: no other caller can make a rootful container),
+            // or an exec path the programs do not see. Nothing to learn
             // here, so nothing more to do before answering.
             self.shared.answer(perm, since);
+            self.shared.ignored("no-record");
             tracing::debug!(tid, "runtime exec without a BPF argv record");
             return;
         }

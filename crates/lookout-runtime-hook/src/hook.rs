@@ -15,7 +15,7 @@ use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::gate::{Exec, Gate, Shared, Unseen, answer};
 use crate::oci::{OciConfig, read_config_within};
-use crate::state::{default_root, read_pid_file, read_state};
+use crate::state::{default_root, read_pid_file_under, read_state_under};
 use crate::{Error, pidfd, proc};
 
 /// Finds the runtime binaries again (for binaries installed after start).
@@ -48,7 +48,9 @@ pub trait Observer: Send + Sync {
     /// mode); it was reported late.
     fn recovered(&self) {}
     /// A runtime exec was allowed and not followed, for `reason`
-    /// (`non-root`: its caller is not host root).
+    /// (`non-root`: its caller is not host root; `no-record`: no BPF argv
+    /// record, because its caller is not host root, whose execs alone are
+    /// recorded, or because it took an exec path the programs do not see).
     fn ignored(&self, reason: &'static str) {
         let _ = reason;
     }
@@ -576,7 +578,8 @@ impl RuntimeHook {
         let bundle = inv.bundle(cwd.as_deref());
         let config = bundle.as_ref().and_then(|b| {
             read_config_within(
-                &self.host(b),
+                &self.config.host_root,
+                b,
                 args.config.as_deref(),
                 self.config.answer_deadline,
             )
@@ -831,20 +834,33 @@ impl RuntimeHook {
         sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
     }
 
+    /// The pid of pending container `id`, from the runtime's state or its
+    /// pid file, read on a helper thread for at most the answer deadline
+    /// (a pid file on a hung file system costs this container that much,
+    /// and nobody else more).
     fn read_pid(&self, id: &str, p: &Pending) -> Option<u32> {
-        match read_state(&p.runtime, &self.host(&p.root), id) {
-            Ok(s) => Some(s.pid),
-            Err(e) => match p.pid_file.as_ref().map(|f| read_pid_file(&self.host(f))) {
-                Some(Ok(pid)) => Some(pid),
-                Some(Err(pe)) => {
-                    tracing::debug!(id, %e, %pe, "no state and no pid file: the create failed");
-                    None
-                }
-                None => {
-                    tracing::debug!(id, %e, "no state: the create failed");
-                    None
-                }
+        let host_root = self.config.host_root.clone();
+        let (runtime, root, pid_file) = (p.runtime.clone(), p.root.clone(), p.pid_file.clone());
+        let owned_id = id.to_owned();
+        let read = move || match read_state_under(&host_root, &runtime, &root, &owned_id) {
+            Ok(s) => Ok(s.pid),
+            Err(e) => match pid_file.map(|f| read_pid_file_under(&host_root, &f)) {
+                Some(Ok(pid)) => Ok(pid),
+                Some(Err(pe)) => Err(format!("no state ({e}) and no pid file ({pe})")),
+                None => Err(format!("no state ({e})")),
             },
+        };
+        match crate::oci::bounded(self.config.answer_deadline, read) {
+            Ok(Ok(pid)) => Some(pid),
+            Ok(Err(why)) => {
+                tracing::debug!(id, why, "no pid: the create failed");
+                None
+            }
+            Err(why) => {
+                self.shared.error("state");
+                tracing::warn!(id, why, "cannot read the container's state or pid file");
+                None
+            }
         }
     }
 

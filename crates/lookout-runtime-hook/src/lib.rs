@@ -36,6 +36,7 @@ mod pidfd;
 mod run_watch;
 mod scan;
 pub mod state;
+pub mod untrusted;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, Stats};

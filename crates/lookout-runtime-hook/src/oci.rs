@@ -1,9 +1,7 @@
-//! Reading a bundle's `config.json`: bounded in size, and refusing symlinks
-//! that lead out of the bundle.
+//! Reading a bundle's `config.json`: bounded in size and time, resolved
+//! inside the bundle, never a FIFO or device (see [`crate::untrusted`]).
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -33,10 +31,24 @@ pub struct OciProcess {
     pub args: Vec<String>,
 }
 
-/// Reads `<bundle>/config.json` (or `config`, crun's `--config`), which must
-/// stay inside the bundle after resolving symlinks, and be at most
-/// [`MAX_CONFIG_BYTES`].
+/// Reads a bundle's config (`config.json`, or crun's `--config` path:
+/// relative to the bundle, or absolute). `bundle` is a path this process
+/// can open; see [`read_config_under`].
 pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Error> {
+    read_config_under(Path::new("/"), bundle, config)
+}
+
+/// Reads a bundle's config: `bundle` is a host path resolved under
+/// `host_root`, `config.json` is resolved inside the bundle (a symlink
+/// cannot lead out of it), and an absolute `--config` under the host root.
+/// The file must be a regular file of at most [`MAX_CONFIG_BYTES`], opened
+/// without following a last symlink and without blocking on a FIFO (see
+/// [`crate::untrusted`]).
+pub fn read_config_under(
+    host_root: &Path,
+    bundle: &Path,
+    config: Option<&Path>,
+) -> Result<OciConfig, Error> {
     let path: PathBuf = match config {
         Some(c) if c.is_absolute() => c.to_path_buf(),
         Some(c) => bundle.join(c),
@@ -46,39 +58,19 @@ pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Er
         path: path.clone(),
         reason,
     };
-    let real_bundle = bundle
-        .canonicalize()
-        .map_err(|e| err(format!("bundle {}: {e}", bundle.display())))?;
-    let real = path.canonicalize().map_err(|e| err(e.to_string()))?;
-    if config.is_none() && !real.starts_with(&real_bundle) {
-        return Err(err(format!(
-            "resolves to {} outside the bundle {}",
-            real.display(),
-            real_bundle.display()
-        )));
+    let policy = crate::untrusted::Policy {
+        max_bytes: MAX_CONFIG_BYTES,
+        root_owned: false,
+    };
+    let bytes = match config {
+        Some(c) if c.is_absolute() => crate::untrusted::read(host_root, c, policy),
+        _ => crate::untrusted::open_dir(host_root, bundle)
+            .map_err(|e| format!("bundle: {e}"))
+            .and_then(|dir| {
+                crate::untrusted::read_in(&dir, config.unwrap_or(Path::new("config.json")), policy)
+            }),
     }
-    // Check the type before opening: opening a FIFO (or some devices)
-    // blocks, and this runs while a runtime exec waits on us.
-    let meta = std::fs::metadata(&real).map_err(|e| err(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(err("not a regular file".into()));
-    }
-    // O_NONBLOCK as well, in case it was swapped for a FIFO in between.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&real)
-        .map_err(|e| err(e.to_string()))?;
-    if !file.metadata().map_err(|e| err(e.to_string()))?.is_file() {
-        return Err(err("not a regular file".into()));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| err(e.to_string()))?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(err(format!("larger than {MAX_CONFIG_BYTES} bytes")));
-    }
+    .map_err(err)?;
     serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))
 }
 
@@ -98,13 +90,21 @@ static STUCK_READERS: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 /// stays blocked until the file system answers; at most
 /// [`MAX_STUCK_READERS`] such threads exist at once.
 pub fn read_config_within(
+    host_root: &Path,
     bundle: &Path,
     config: Option<&Path>,
     deadline: std::time::Duration,
 ) -> Result<OciConfig, Error> {
     let path = bundle.join(config.unwrap_or(Path::new("config.json")));
-    let (bundle, config) = (bundle.to_path_buf(), config.map(Path::to_path_buf));
-    bounded(deadline, move || read_config(&bundle, config.as_deref())).unwrap_or_else(|why| {
+    let (host_root, bundle, config) = (
+        host_root.to_path_buf(),
+        bundle.to_path_buf(),
+        config.map(Path::to_path_buf),
+    );
+    bounded(deadline, move || {
+        read_config_under(&host_root, &bundle, config.as_deref())
+    })
+    .unwrap_or_else(|why| {
         Err(Error::Config {
             path,
             reason: why.to_owned(),
@@ -112,8 +112,7 @@ pub fn read_config_within(
     })
 }
 
-/// Runs `f` on a helper thread and waits at most `deadline` for it.
-fn bounded<T: Send + 'static>(
+pub(crate) fn bounded<T: Send + 'static>(
     deadline: std::time::Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, &'static str> {
@@ -169,7 +168,14 @@ mod tests {
         let b = tempfile::tempdir().expect("tempdir");
         std::os::unix::fs::symlink(outside.path(), b.path().join("config.json")).expect("symlink");
         let e = read_config(b.path(), None).expect_err("escapes");
-        assert!(e.to_string().contains("outside the bundle"), "{e}");
+        assert!(e.to_string().contains("a symlink (not followed)"), "{e}");
+        // A config.json symlinked to an absolute path resolves inside the
+        // bundle: the outside file is never read.
+        let inside = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(inside.path().join("etc")).expect("mkdir");
+        std::os::unix::fs::symlink("/", inside.path().join("up")).expect("symlink");
+        let through = Path::new("up").join(outside.path().strip_prefix("/").expect("abs"));
+        assert!(read_config(inside.path(), Some(&through)).is_err());
 
         let missing = tempfile::tempdir().expect("tempdir");
         assert!(read_config(missing.path(), None).is_err());
@@ -224,7 +230,8 @@ mod tests {
         }
         let d = tempfile::tempdir().expect("tempdir");
         std::fs::write(d.path().join("config.json"), r#"{"hostname":"h"}"#).expect("write");
-        let c = read_config_within(d.path(), None, Duration::from_secs(2)).expect("read");
+        let c = read_config_within(Path::new("/"), d.path(), None, Duration::from_secs(2))
+            .expect("read");
         assert_eq!(c.hostname.as_deref(), Some("h"));
     }
 }

@@ -9,8 +9,12 @@ use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
 use tokio::sync::mpsc;
 
 use crate::hook::{Sink, fill};
-use crate::oci::read_config;
-use crate::state::{read_state, scan_roots};
+use crate::oci::read_config_within;
+
+/// How long a scan waits for one bundle's config.json (a hung file system
+/// must not stall discovery of the others).
+const SCAN_CONFIG_DEADLINE: Duration = Duration::from_secs(1);
+use crate::state::{read_state_under, scan_roots};
 use crate::{argv, pidfd, proc};
 
 fn host(root: &Path, p: &Path) -> PathBuf {
@@ -48,7 +52,7 @@ pub fn scan_state_in(
             if !argv::valid_container_id(&id) || known(&id) {
                 continue;
             }
-            let state = match read_state(&runtime, &host(host_root, &root), &id) {
+            let state = match read_state_under(host_root, &runtime, &root, &id) {
                 Ok(s) => s,
                 Err(err) => {
                     tracing::debug!(%err, "skipping state entry");
@@ -70,7 +74,7 @@ pub fn scan_state_in(
                 continue;
             }
             let config = state.bundle.as_ref().and_then(|b| {
-                read_config(&host(host_root, b), None)
+                read_config_within(host_root, b, None, SCAN_CONFIG_DEADLINE)
                     .map_err(|e| tracing::warn!(id, %e, "cannot read the container's config"))
                     .ok()
             });

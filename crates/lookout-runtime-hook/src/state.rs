@@ -96,28 +96,40 @@ pub fn state_file(runtime: &RuntimeKind, root: &Path, id: &str) -> PathBuf {
     }
 }
 
-/// Reads the state of `id`.
+/// Reads the state of `id` (`root`: a path this process can open).
 pub fn read_state(runtime: &RuntimeKind, root: &Path, id: &str) -> Result<ContainerState, Error> {
+    read_state_under(Path::new("/"), runtime, root, id)
+}
+
+/// Reads the state of `id` in the runtime root `root`, a host path resolved
+/// under `host_root` (see [`crate::untrusted`]): a regular file owned by
+/// root, at most 4 MiB, opened without following a last symlink and
+/// without blocking on a FIFO.
+pub fn read_state_under(
+    host_root: &Path,
+    runtime: &RuntimeKind,
+    root: &Path,
+    id: &str,
+) -> Result<ContainerState, Error> {
     let path = state_file(runtime, root, id);
-    let bytes = read_bounded(&path)?;
+    let bytes =
+        crate::untrusted::read(host_root, &path, STATE_POLICY).map_err(|reason| Error::State {
+            path: path.clone(),
+            reason,
+        })?;
     parse_state(runtime, id, &bytes).map_err(|reason| Error::State { path, reason })
 }
 
-fn read_bounded(path: &Path) -> Result<Vec<u8>, Error> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| Error::State {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let mut bytes = Vec::new();
-    file.take(MAX_STATE_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::State {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    Ok(bytes)
-}
+const STATE_POLICY: crate::untrusted::Policy = crate::untrusted::Policy {
+    max_bytes: MAX_STATE_BYTES,
+    root_owned: true,
+};
+
+/// A pid file holds a pid and a newline.
+const PID_POLICY: crate::untrusted::Policy = crate::untrusted::Policy {
+    max_bytes: 64,
+    root_owned: true,
+};
 
 pub(crate) fn parse_state(
     runtime: &RuntimeKind,
@@ -163,18 +175,26 @@ pub(crate) fn parse_state(
     }
 }
 
-/// Reads a pid file (`--pid-file`): a decimal pid, optional newline.
+/// Reads a pid file (`--pid-file`): a decimal pid, optional newline
+/// (`path`: a path this process can open).
 pub fn read_pid_file(path: &Path) -> Result<u32, Error> {
-    let bytes = read_bounded(path)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| Error::PidFile {
+    read_pid_file_under(Path::new("/"), path)
+}
+
+/// Reads the pid file `path`, a host path resolved under `host_root` (see
+/// [`crate::untrusted`]): a regular file owned by root, at most 64 bytes.
+pub fn read_pid_file_under(host_root: &Path, path: &Path) -> Result<u32, Error> {
+    let err = |reason: String| Error::PidFile {
         path: path.to_path_buf(),
-        reason: "not UTF-8".into(),
-    })?;
+        reason,
+    };
+    let bytes = crate::untrusted::read(host_root, path, PID_POLICY).map_err(err)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| err("not UTF-8".into()))?;
     match text.trim().parse::<u32>() {
-        Ok(0) | Err(_) => Err(Error::PidFile {
-            path: path.to_path_buf(),
-            reason: format!("not a pid: {:?}", text.chars().take(32).collect::<String>()),
-        }),
+        Ok(0) | Err(_) => Err(err(format!(
+            "not a pid: {:?}",
+            text.chars().take(32).collect::<String>()
+        ))),
         Ok(pid) => Ok(pid),
     }
 }

@@ -58,6 +58,73 @@ pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// An unprivileged user on this machine, for tests that play an attacker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct User {
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid.
+    pub gid: u32,
+}
+
+impl User {
+    /// The user's name.
+    pub const NAME: &'static str = "lookout-attacker";
+
+    /// Makes `cmd` run as this user (no supplementary groups: std drops
+    /// them when a root parent sets the uid).
+    pub fn apply<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        cmd.uid(self.uid).gid(self.gid)
+    }
+}
+
+/// The unprivileged user [`User::NAME`], created with `useradd` (a system
+/// user without a home or a login shell) the first time a test asks. Needs
+/// root and `useradd`; reports `test` as skipped otherwise.
+pub fn unprivileged_user(test: &str) -> Option<User> {
+    static USER: std::sync::OnceLock<Result<User, String>> = std::sync::OnceLock::new();
+    if !require_root(test) || !require_program(test, "useradd") {
+        return None;
+    }
+    let user = USER.get_or_init(|| {
+        let id = |flag: &str| -> Option<u32> {
+            let out = Command::new("id").args([flag, User::NAME]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+        };
+        if id("-u").is_none() {
+            let out = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                ])
+                .arg(User::NAME)
+                .output()
+                .map_err(|e| format!("useradd: {e}"))?;
+            // 9: the user exists (another test binary made it meanwhile).
+            if !out.status.success() && out.status.code() != Some(9) {
+                return Err(format!(
+                    "useradd {}: {}",
+                    User::NAME,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        match (id("-u"), id("-g")) {
+            (Some(uid), Some(gid)) if uid != 0 => Ok(User { uid, gid }),
+            other => Err(format!("no usable uid/gid for {}: {other:?}", User::NAME)),
+        }
+    });
+    match user {
+        Ok(u) => Some(*u),
+        Err(why) => {
+            skip(test, why);
+            None
+        }
+    }
+}
+
 /// Linux capability numbers (see capabilities(7)) used by the tests.
 pub mod cap {
     /// CAP_DAC_READ_SEARCH.

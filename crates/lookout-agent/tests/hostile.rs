@@ -1,0 +1,357 @@
+//! lookout run on a hostile node (issue #10): an unprivileged user, created
+//! by the tests, tries to spoof, freeze and blind container discovery while
+//! root runs real containers. Each test states the attack and what must
+//! still hold. See docs/security.md.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lookout_testsupport::{User, bundle, unprivileged_user};
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// Kills (and reaps) a child when dropped, also when the test panics.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Lets every user read and run what is in `dir` (tempdirs are 0700).
+fn open_to_all(dir: &Path) {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// A directory owned by the attacker, for what they plant.
+fn attacker_dir(user: User) -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("lk-attacker-")
+        .tempdir()
+        .expect("tempdir");
+    std::os::unix::fs::chown(d.path(), Some(user.uid), Some(user.gid)).expect("chown");
+    open_to_all(d.path());
+    d
+}
+
+/// Runs `sh -c shell args...` (so `args[0]` is `$0`) as the attacker and
+/// waits for it (its exit status is the attacker's business).
+fn as_attacker(user: User, shell: &str, args: &[&str]) {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c").arg(shell).args(args);
+    let _ = user
+        .apply(&mut cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run as the attacker");
+}
+
+/// Waits until the metric sample `name` is at least `min`.
+fn wait_metric(agent: &Agent, name: &str, min: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = agent.metrics();
+        if metric(&page, name).unwrap_or(0.0) >= min {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {min}:\n{page}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_spoofed_runtime_root_gets_no_container_no_root_hook_and_no_identity() {
+    if !ready("spoof") {
+        return;
+    }
+    let Some(user) = unprivileged_user("spoof") else {
+        return;
+    };
+    let rt = Runtime::runc();
+    open_to_all(rt.path.parent().expect("runtime dir"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hook_log = dir.path().join("prestart.log");
+    let prestart = format!("cat >> {0}; echo >> {0}", hook_log.display());
+    let agent = Agent::start(&rt, &["--prestart", &prestart]);
+
+    // Root's real container: tracked, its prestart hook run.
+    let real = id("spoof-real");
+    let b = bundle::busybox(&dir.path().join("real"), &["sleep", "30"], |_| {});
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &real]);
+    rt.ok(&["start", &real]);
+    let real_added = agent.wait_event(&real, "added", Duration::from_secs(5));
+
+    // The attacker's runtime root holds a state that names pid 1, and
+    // their bundle claims a kube-system pod.
+    let play = attacker_dir(user);
+    let fake = id("spoof-fake");
+    let root = play.path().join("root");
+    let bundle_dir = play.path().join("bundle");
+    std::fs::create_dir_all(root.join(&fake)).expect("mkdir");
+    std::fs::create_dir_all(&bundle_dir).expect("mkdir");
+    std::fs::write(
+        root.join(&fake).join("state.json"),
+        serde_json::json!({
+            "id": fake,
+            "init_process_pid": 1,
+            "config": {"labels": [format!("bundle={}", bundle_dir.display())]},
+        })
+        .to_string(),
+    )
+    .expect("write state");
+    std::fs::write(
+        bundle_dir.join("config.json"),
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["/bin/sh"]},
+            "annotations": {
+                "io.kubernetes.pod.namespace": "kube-system",
+                "io.kubernetes.pod.name": "kube-proxy-x",
+                "io.kubernetes.pod.uid": "11111111-2222-3333-4444-555555555555",
+                "io.kubernetes.container.name": "kube-proxy",
+            },
+        })
+        .to_string(),
+    )
+    .expect("write config");
+    for p in [
+        root.as_path(),
+        &root.join(&fake),
+        &root.join(&fake).join("state.json"),
+        &bundle_dir,
+        &bundle_dir.join("config.json"),
+    ] {
+        std::os::unix::fs::chown(p, Some(user.uid), Some(user.gid)).expect("chown");
+    }
+
+    // Through the watched runtime, as the attacker: create and start the
+    // fake, and reuse the real container's id to fake its removal.
+    let (runc, root_s, bundle_s) = (
+        rt.path.to_str().expect("utf-8"),
+        root.to_str().expect("utf-8"),
+        bundle_dir.to_str().expect("utf-8"),
+    );
+    let script = "\"$0\" --root \"$1\" create --bundle \"$2\" \"$3\"; \
+                  \"$0\" --root \"$1\" start \"$3\"; \
+                  \"$0\" --root \"$1\" create --bundle \"$2\" \"$4\"; \
+                  \"$0\" --root \"$1\" kill \"$4\" KILL; \
+                  \"$0\" --root \"$1\" delete --force \"$4\"";
+    as_attacker(user, script, &[runc, root_s, bundle_s, &fake, &real]);
+    // Five runtime execs, each answered at once and not followed.
+    wait_metric(
+        &agent,
+        "lookout_runtime_execs_ignored_total{reason=\"no-record\"}",
+        5.0,
+    );
+
+    // Discovery goes on for root.
+    let after = id("spoof-after");
+    let b2 = bundle::busybox(&dir.path().join("after"), &["true"], |_| {});
+    rt.ok(&["run", "-d", "--bundle", b2.to_str().expect("utf-8"), &after]);
+    agent.wait_event(&after, "added", Duration::from_secs(5));
+
+    assert!(
+        agent.events_for(&fake).is_empty(),
+        "{:?}",
+        agent.events_for(&fake)
+    );
+    let all: Vec<Value> = agent
+        .events
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for e in &all {
+        assert_ne!(e["container"]["pid"], 1, "an event with pid 1: {e}");
+        assert_ne!(
+            e["container"]["kubernetes"]["namespace"], "kube-system",
+            "a spoofed Kubernetes identity: {e}"
+        );
+    }
+    // The real container is untouched: one added, with its own pid, and
+    // no removal while it runs.
+    let real_events = agent.events_for(&real);
+    assert_eq!(real_events.len(), 1, "{real_events:?}");
+    assert_eq!(
+        real_events[0]["container"]["pid"],
+        real_added["container"]["pid"]
+    );
+    let hooks = std::fs::read_to_string(&hook_log).unwrap_or_default();
+    assert!(
+        hooks.contains(&real),
+        "the real prestart hook ran:\n{hooks}"
+    );
+    assert!(
+        !hooks.contains(&fake) && !hooks.contains("kube-system"),
+        "a root hook ran for the attacker:\n{hooks}"
+    );
+    rt.cleanup(&real);
+    rt.cleanup(&after);
+}
+
+#[test]
+fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
+    if !ready("fifos") {
+        return;
+    }
+    let Some(user) = unprivileged_user("fifos") else {
+        return;
+    };
+    let rt = Runtime::runc();
+    open_to_all(rt.path.parent().expect("runtime dir"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&rt, &["--answer-deadline", "1s"]);
+    let play = attacker_dir(user);
+    let p = play.path().to_str().expect("utf-8");
+    let runc = rt.path.to_str().expect("utf-8");
+
+    // The issue's recipe: a FIFO where the state file would be, then the
+    // watched runc on that root, as the attacker. (runc itself may hang
+    // on it: that is the attacker's own process.)
+    let mut attacker_runc = {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg("mkdir -p \"$1/r/x\" \"$1/b\" && mkfifo \"$1/r/x/state.json\" && exec \"$0\" --root \"$1/r\" create --bundle \"$1/b\" x")
+            .args([runc, p]);
+        KillOnDrop(
+            user.apply(&mut cmd)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("attacker"),
+        )
+    };
+    // A FIFO in place of a config.json, in a bundle directory of theirs
+    // that root's runtime is pointed at: lookout must not block on it
+    // (runc will, on its own open, and is killed at the end).
+    as_attacker(
+        user,
+        "mkdir -p \"$0/fifo-bundle\" && mkfifo \"$0/fifo-bundle/config.json\"",
+        &[p],
+    );
+    let hung_id = id("fifo-config");
+    let mut root_runc_on_fifo = KillOnDrop(
+        rt.command()
+            .args(["create", "--bundle", &format!("{p}/fifo-bundle"), &hung_id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("runc create on a FIFO config"),
+    );
+
+    // The next root container is created, started and reported within the
+    // answer deadline plus one second.
+    let good = id("after-fifos");
+    let b = bundle::busybox(&dir.path().join("good"), &["sleep", "1"], |_| {});
+    let t = Instant::now();
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &good]);
+    rt.ok(&["start", &good]);
+    agent.wait_event(&good, "added", Duration::from_secs(2));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "create+start+added took {took:?}"
+    );
+    let (status, body) = http_get(&agent.addr(), "/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    agent.wait_event(&good, "removed", Duration::from_secs(10));
+    rt.cleanup(&good);
+
+    let _ = root_runc_on_fifo.0.kill();
+    let _ = attacker_runc.0.kill();
+    let t = Instant::now();
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "SIGTERM took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        log.contains("not a regular file"),
+        "the FIFO config.json was refused with a reason:\n{log}"
+    );
+    rt.cleanup(&hung_id);
+}
+
+#[test]
+fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
+    if !ready("flood") {
+        return;
+    }
+    let Some(user) = unprivileged_user("flood") else {
+        return;
+    };
+    const N: usize = 20;
+    let rt = Runtime::runc();
+    open_to_all(rt.path.parent().expect("runtime dir"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&rt, &[]);
+    // Four attacker processes exec runtime names as fast as they can: paths
+    // that do not exist (the BPF programs see the name before the path is
+    // looked up) and the watched runtime itself.
+    let flood = "while :; do /nonexistent/runc; /nonexistent/crun; /nonexistent/runsc; \
+                 \"$0\" --version; done";
+    let attackers: Vec<KillOnDrop> = (0..4)
+        .map(|_| {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c").arg(flood).arg(&rt.path);
+            KillOnDrop(
+                user.apply(&mut cmd)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("attacker"),
+            )
+        })
+        .collect();
+    // Let the flood run before and while root works.
+    wait_metric(
+        &agent,
+        "lookout_runtime_execs_ignored_total{reason=\"no-record\"}",
+        20.0,
+    );
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8").to_owned();
+    let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id("flood"))).collect();
+    let rt_ref = &rt;
+    std::thread::scope(|s| {
+        for chunk in ids.chunks(N / 4) {
+            let bs = &bs;
+            s.spawn(move || {
+                for id in chunk {
+                    rt_ref.ok(&["create", "--bundle", bs, id]);
+                    rt_ref.ok(&["start", id]);
+                }
+            });
+        }
+    });
+    for id in &ids {
+        agent.wait_event(id, "removed", Duration::from_secs(30));
+    }
+    drop(attackers);
+    for id in &ids {
+        rt.cleanup(id);
+        let ev = agent.events_for(id);
+        let n = |k: &str| ev.iter().filter(|e| e["event"] == k).count();
+        assert_eq!((n("added"), n("removed")), (1, 1), "{id}: {ev:?}");
+        let added = ev.iter().find(|e| e["event"] == "added").expect("added");
+        assert_eq!(added["source"], "runtime-hook", "{added}");
+        assert_eq!(added["container"]["status"], "created", "{added}");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}

@@ -1,0 +1,253 @@
+//! Reading files that runtime execs and runtime state point at.
+//!
+//! A bundle's `config.json`, a `--pid-file`, a state file: any of them may
+//! sit in a directory another user can write to, and so may have been
+//! replaced by a FIFO (an `open(2)` that never returns), a symlink out of
+//! the host root, a device, or a file of gigabytes. Every read here:
+//!
+//! - resolves the path under the host root with `openat2(2)` and
+//!   `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`: `..` and absolute symlinks
+//!   stay inside the host root, `/proc/<pid>/fd/*` tricks are refused;
+//! - does not follow a symlink in the last component (`O_NOFOLLOW`);
+//! - opens with `O_NONBLOCK`, so a FIFO or a device cannot block the open,
+//!   then checks with `fstat` that it is a regular file, not larger than
+//!   the limit, and, when asked, owned by root;
+//! - reads at most the limit.
+//!
+//! What it cannot prevent alone is a file system that hangs (a dead NFS
+//! server, a stopped FUSE daemon): `open` or `read` then blocks in the
+//! kernel. Callers on a path that a runtime waits for run these reads on a
+//! helper thread bounded by the answer deadline ([`crate::oci::bounded`]).
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::sys::stat::{Mode, SFlag, fstat};
+
+/// What a file must be to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// The largest size read; a larger file is an error.
+    pub max_bytes: u64,
+    /// The file must be owned by root (runtime state of rootful
+    /// runtimes, pid files they write).
+    pub root_owned: bool,
+}
+
+/// Opens the directory `path` (a host path) under `host_root`, resolved
+/// as in [`open`], as an `O_PATH` handle for [`open_in`].
+pub fn open_dir(host_root: &Path, path: &Path) -> Result<OwnedFd, String> {
+    let root = open_root(host_root)?;
+    resolve(
+        &root,
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+    )
+}
+
+/// Opens `path` (a host path, absolute or relative to the host root) under
+/// `host_root` as described in the module docs, and returns the open,
+/// checked file.
+pub fn open(host_root: &Path, path: &Path, policy: Policy) -> Result<std::fs::File, String> {
+    open_in(&open_root(host_root)?, path, policy)
+}
+
+/// [`open`], with `dir` (from [`open_dir`]) as the root: `path` cannot
+/// leave `dir` either (absolute symlinks and `..` resolve inside it).
+pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::File, String> {
+    let fd = resolve(
+        dir,
+        path,
+        OFlag::O_RDONLY
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
+    )?;
+    let st = fstat(&fd).map_err(|e| format!("fstat: {e}"))?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Err("not a regular file (a FIFO, device, socket or directory)".into());
+    }
+    if policy.root_owned && st.st_uid != 0 {
+        return Err(format!(
+            "owned by uid {}, not root: runtime state of a rootful runtime is written by root",
+            st.st_uid
+        ));
+    }
+    if st.st_size < 0 || st.st_size as u64 > policy.max_bytes {
+        return Err(format!(
+            "{} bytes, larger than the limit of {}",
+            st.st_size, policy.max_bytes
+        ));
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+fn open_root(host_root: &Path) -> Result<OwnedFd, String> {
+    nix::fcntl::open(
+        host_root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("host root {}: {e}", host_root.display()))
+}
+
+fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, String> {
+    let rel = relative(path);
+    match openat2(
+        dir,
+        rel.as_path(),
+        OpenHow::new()
+            .flags(flags)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    ) {
+        Ok(fd) => Ok(fd),
+        // Kernels before 5.6: no openat2. Still no FIFO, no last-component
+        // symlink; `..` is resolved lexically by `relative`.
+        Err(nix::errno::Errno::ENOSYS) => {
+            nix::fcntl::openat(dir, rel.as_path(), flags, Mode::empty())
+                .map_err(|e| describe(e, path))
+        }
+        Err(e) => Err(describe(e, path)),
+    }
+}
+
+/// [`read`] of `path` inside `dir` (see [`open_in`]).
+pub fn read_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<Vec<u8>, String> {
+    read_all(open_in(dir, path, policy)?, policy)
+}
+
+/// Reads `path` under `host_root` (see [`open`]), at most
+/// `policy.max_bytes` bytes.
+pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, String> {
+    read_all(open(host_root, path, policy)?, policy)
+}
+
+fn read_all(file: std::fs::File, policy: Policy) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::new();
+    file.take(policy.max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    // The size was checked at open; a file that grew since is refused too.
+    if bytes.len() as u64 > policy.max_bytes {
+        return Err(format!("larger than the limit of {}", policy.max_bytes));
+    }
+    Ok(bytes)
+}
+
+/// `path` relative to the root: leading `/` dropped, `.` dropped, `..`
+/// resolved lexically without going above the root.
+fn relative(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
+fn describe(e: nix::errno::Errno, path: &Path) -> String {
+    match e {
+        nix::errno::Errno::ELOOP => format!("{}: a symlink (not followed)", path.display()),
+        nix::errno::Errno::EXDEV => format!("{}: resolves outside the host root", path.display()),
+        e => format!("{}: {e}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    const ANY: Policy = Policy {
+        max_bytes: 1024,
+        root_owned: false,
+    };
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    }
+
+    #[test]
+    fn regular_files_are_read_under_the_root() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("run/x")).expect("mkdir");
+        std::fs::write(root.path().join("run/x/state.json"), b"{}").expect("write");
+        assert_eq!(
+            read(root.path(), Path::new("/run/x/state.json"), ANY).expect("read"),
+            b"{}"
+        );
+        // `..` cannot climb above the root.
+        assert_eq!(
+            read(root.path(), Path::new("/../../run/x/state.json"), ANY).expect("read"),
+            b"{}"
+        );
+    }
+
+    #[test]
+    fn fifos_devices_and_directories_are_refused_at_once() {
+        let root = tempfile::tempdir().expect("tempdir");
+        mkfifo(&root.path().join("fifo"));
+        let t = std::time::Instant::now();
+        let e = read(root.path(), Path::new("/fifo"), ANY).expect_err("a fifo");
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        let e = read(Path::new("/"), Path::new("/dev/zero"), ANY).expect_err("a device");
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = read(root.path(), Path::new("/"), ANY).expect_err("a directory");
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn symlinks_are_not_followed_out_of_the_root() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(outside.path(), b"secret").expect("write");
+        // The last component: not followed at all.
+        symlink(outside.path(), root.path().join("last")).expect("symlink");
+        let e = read(root.path(), Path::new("/last"), ANY).expect_err("symlink");
+        assert!(e.contains("symlink"), "{e}");
+        // A directory symlink pointing at / resolves inside the root: the
+        // outside file is not reached.
+        symlink("/", root.path().join("up")).expect("symlink");
+        let through = Path::new("/up").join(outside.path().strip_prefix("/").expect("abs"));
+        assert!(read(root.path(), &through, ANY).is_err());
+    }
+
+    #[test]
+    fn size_and_owner_limits() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::write(root.path().join("big"), vec![b'x'; 2048]).expect("write");
+        let e = read(root.path(), Path::new("/big"), ANY).expect_err("too big");
+        assert!(e.contains("larger than"), "{e}");
+        std::fs::write(root.path().join("small"), b"1").expect("write");
+        // SAFETY: geteuid has no preconditions.
+        let root_owned = unsafe { libc::geteuid() } == 0;
+        let strict = Policy {
+            max_bytes: 16,
+            root_owned: true,
+        };
+        // Created by the test's own user: accepted only when that is root.
+        assert_eq!(
+            read(root.path(), Path::new("/small"), strict).is_ok(),
+            root_owned
+        );
+        if root_owned {
+            std::os::unix::fs::chown(root.path().join("small"), Some(65534), None).expect("chown");
+            let e = read(root.path(), Path::new("/small"), strict).expect_err("not root's");
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
+    }
+}
