@@ -75,6 +75,8 @@ struct Dispatcher {
     events: Option<Events>,
     /// File descriptors hooks must not inherit (the fanotify group).
     close_fds: Mutex<Vec<std::os::fd::RawFd>>,
+    /// Permits to run a hook process ([`MAX_RUNNING_HOOKS`]).
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 /// A [`Sink`] that runs hooks and posts Events, then hands the event on.
@@ -111,6 +113,7 @@ impl<S: Sink> HookSink<S> {
             settings,
             events,
             close_fds: Mutex::new(Vec::new()),
+            running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
         });
         (
             HookSink {
@@ -140,19 +143,25 @@ impl<S: Sink> Sink for HookSink<S> {
     }
 }
 
-/// A config.json's bytes, bounded, read off the caller's thread.
-async fn read_config(path: PathBuf, timeout: Duration) -> Option<Vec<u8>> {
+/// A config.json's bytes, read off the caller's thread within `timeout`,
+/// as the runtime hook reads it: under the host root, never a FIFO, a
+/// device or a last-component symlink, at most `MAX_CONFIG_BYTES`.
+async fn read_config(host_root: PathBuf, path: PathBuf, timeout: Duration) -> Option<Vec<u8>> {
     let read = tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let f = std::fs::File::open(&path).ok()?;
-        let mut v = Vec::new();
-        f.take(lookout_runtime_hook::oci::MAX_CONFIG_BYTES)
-            .read_to_end(&mut v)
-            .ok()?;
-        Some(v)
+        let policy = lookout_runtime_hook::untrusted::Policy {
+            max_bytes: lookout_runtime_hook::oci::MAX_CONFIG_BYTES,
+            root_owned: false,
+        };
+        lookout_runtime_hook::untrusted::read(&host_root, &path, policy)
+            .map_err(|e| tracing::debug!(path = %path.display(), e, "config.json for hooks"))
+            .ok()
     });
     tokio::time::timeout(timeout, read).await.ok()?.ok()?
 }
+
+/// At most this many hook processes run at once; more wait their turn
+/// (each holds a process and three pipes).
+pub const MAX_RUNNING_HOOKS: usize = 32;
 
 fn has_bind_mounts(config: &serde_json::Value) -> bool {
     config["mounts"].as_array().is_some_and(|ms| {
@@ -227,7 +236,12 @@ impl Dispatcher {
     /// The container's config.json, parsed, if it has a readable one.
     async fn config_of(&self, e: &ContainerEvent) -> Option<serde_json::Value> {
         let b = e.container.bundle.as_ref()?;
-        let bytes = read_config(self.host(b).join("config.json"), self.settings.timeout).await?;
+        let bytes = read_config(
+            self.settings.host_root.clone(),
+            b.join("config.json"),
+            self.settings.timeout,
+        )
+        .await?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -304,6 +318,10 @@ impl Dispatcher {
             ..RunOptions::default()
         };
         for (name, hook) in hooks {
+            // N.B. the semaphore is never closed, so acquire cannot fail.
+            let Ok(_running) = self.running.acquire().await else {
+                return;
+            };
             match run_hook(&hook, &state, &opts).await {
                 Ok(o) if o.success() => tracing::info!(
                     id = c.id,

@@ -309,7 +309,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         metrics: std::sync::Arc::clone(&metrics),
         ready: std::sync::RwLock::new(None),
     });
-    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared)).await;
+    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
     let stdout = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
     let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
     let report = lookout_probe::probe(

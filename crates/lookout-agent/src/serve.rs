@@ -54,6 +54,7 @@ pub struct Metrics {
     stdout_dropped: Counter,
     recovered: Counter,
     ignored: Family<ReasonLabels, Counter>,
+    http_refused: Counter,
 }
 
 impl Metrics {
@@ -125,7 +126,14 @@ impl Metrics {
              which only root's execs get)",
             ignored.clone(),
         );
+        let http_refused = Counter::default();
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections closed at accept because MAX_CONNECTIONS (64) were open",
+            http_refused.clone(),
+        );
         Metrics {
+            http_refused,
             ignored,
             recovered,
             duplicates,
@@ -244,11 +252,28 @@ async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     )
 }
 
-/// Binds `addr` and serves the endpoints on the current runtime. A bind
-/// failure is logged and the agent carries on without them: a busy port
-/// must not make a node agent crash-loop.
-pub async fn spawn(addr: SocketAddr, shared: Arc<Shared>) {
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+/// At most this many HTTP connections at once; more are closed at accept.
+/// Each holds an fd, and fds must never run out: when fanotify cannot
+/// install an event's fd, the kernel denies the runtime's exec.
+pub const MAX_CONNECTIONS: usize = 64;
+/// A client must send a request's headers within this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// No connection lives longer than this, busy or not.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Binds `addr` and serves the endpoints on a thread and tokio runtime of
+/// their own, so that HTTP clients share nothing that can stall with the
+/// runtime hook. A bind failure is logged and the agent carries on without
+/// them: a busy port must not make a node agent crash-loop.
+///
+/// Bounded by design: at most [`MAX_CONNECTIONS`] connections (more are
+/// closed at once and counted), 5 s to send a request's headers (8 KiB at
+/// most), 60 s per connection.
+pub fn spawn(addr: SocketAddr, shared: Arc<Shared>) {
+    let listener = match std::net::TcpListener::bind(addr).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(%addr, %e, "cannot serve /healthz, /readyz and /metrics; going on without them");
@@ -258,15 +283,68 @@ pub async fn spawn(addr: SocketAddr, shared: Arc<Shared>) {
     let local = listener
         .local_addr()
         .map_or_else(|_| addr.to_string(), |a| a.to_string());
-    tracing::info!("serving /healthz, /readyz and /metrics on http://{local}");
+    let spawned = std::thread::Builder::new()
+        .name("lookout-http".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(%e, "cannot start the HTTP runtime; going on without the endpoints");
+                    return;
+                }
+            };
+            rt.block_on(serve(listener, shared));
+        });
+    match spawned {
+        Ok(_) => tracing::info!("serving /healthz, /readyz and /metrics on http://{local}"),
+        Err(e) => {
+            tracing::error!(%e, "cannot start the HTTP thread; going on without the endpoints")
+        }
+    }
+}
+
+async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%e, "cannot serve the endpoints");
+            return;
+        }
+    };
+    let metrics = Arc::clone(&shared.metrics);
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(self::metrics))
         .with_state(shared);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(%e, "HTTP server stopped");
-        }
-    });
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(%e, "accepting an HTTP connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            metrics.http_refused.inc();
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(8192)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            drop(permit);
+        });
+    }
 }

@@ -355,3 +355,123 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
 }
+
+#[test]
+fn idle_connections_and_running_hooks_under_a_low_fd_limit_never_deny_an_exec() {
+    if !ready("fd_limit") {
+        return;
+    }
+    let Some(user) = unprivileged_user("fd_limit") else {
+        return;
+    };
+    // When fanotify cannot install an event's fd in the agent, the kernel
+    // *denies* the exec: runtime execs fail with EPERM across the node.
+    // Hard limit 256 (nothing to raise to); 500 idle connections from an
+    // unprivileged user; 20 prestart hooks running at once.
+    const N: usize = 20;
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start_with(
+        Some(&rt),
+        &["--prestart", "sleep 1", "--hook-timeout", "5s"],
+        &[],
+        Some(lookout_testsupport::Restrictions::new().nofile(256, 256)),
+    );
+    let addr = agent.addr();
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+    // The attacker opens 500 connections and holds them idle.
+    let holder_bin = connection_holder(dir.path());
+    open_to_all(dir.path());
+    let mut cmd = Command::new(&holder_bin);
+    cmd.args([host, port, "500"]);
+    let mut holder = KillOnDrop(
+        user.apply(&mut cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("connection holder"),
+    );
+    // It prints how many connections it opened, then waits to be killed.
+    let mut opened = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.0.stdout.take().expect("stdout")),
+        &mut opened,
+    )
+    .expect("read");
+    assert_eq!(opened.trim(), "500", "the attacker's connections");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8").to_owned();
+    let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id("fd-limit"))).collect();
+    let rt_ref = &rt;
+    std::thread::scope(|s| {
+        for id in &ids {
+            let bs = &bs;
+            s.spawn(move || {
+                // ok(): a denied exec (EPERM) fails the test here.
+                rt_ref.ok(&["create", "--bundle", bs, id]);
+                rt_ref.ok(&["start", id]);
+            });
+        }
+    });
+    for id in &ids {
+        agent.wait_event(id, "removed", Duration::from_secs(30));
+        rt.cleanup(id);
+    }
+    drop(holder);
+    let page = agent.metrics();
+    assert!(
+        metric(&page, "lookout_http_connections_refused_total").unwrap_or(0.0) >= 400.0,
+        "{page}"
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    for id in &ids {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("hook ran") && l.contains(&format!("id=\"{id}\""))),
+            "no prestart hook ran for {id}:\n{log}"
+        );
+    }
+}
+
+/// `holder HOST PORT N`: opens N TCP connections, prints N, holds them.
+fn connection_holder(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("holder.c");
+    let bin = dir.join("holder");
+    std::fs::write(
+        &src,
+        r#"#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(atoi(argv[2]));
+    if (inet_pton(AF_INET, argv[1], &a.sin_addr) != 1) return 3;
+    int n = atoi(argv[3]), ok = 0;
+    for (int i = 0; i < n; i++) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) break;
+        ok++;
+    }
+    printf("%d\n", ok);
+    fflush(stdout);
+    pause();
+    return 0;
+}
+"#,
+    )
+    .expect("write holder.c");
+    let status = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed");
+    bin
+}

@@ -154,6 +154,7 @@ pub mod cap {
 pub struct Restrictions {
     deny: Vec<(i64, i32)>,
     drop_caps: Vec<u32>,
+    nofile: Option<(u64, u64)>,
 }
 
 impl Restrictions {
@@ -172,6 +173,13 @@ impl Restrictions {
     /// program (even as root) does not get it.
     pub fn drop_capability(mut self, cap: u32) -> Self {
         self.drop_caps.push(cap);
+        self
+    }
+
+    /// Sets the open-file limit (`RLIMIT_NOFILE`) to `soft`:`hard`, as
+    /// `prlimit --nofile=SOFT:HARD` would.
+    pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
         self
     }
 
@@ -197,7 +205,18 @@ impl Restrictions {
             programs.push(prog);
         }
         let caps = self.drop_caps.clone();
+        let nofile = self.nofile;
         let hook = move || -> io::Result<()> {
+            if let Some((soft, hard)) = nofile {
+                let lim = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                // SAFETY: setrlimit with a valid struct; async-signal-safe.
+                if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             for &c in &caps {
                 // SAFETY: prctl with integer arguments; no memory is passed.
                 if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) } != 0 {
@@ -224,7 +243,7 @@ impl Restrictions {
             }
             Ok(())
         };
-        // SAFETY: the closure only makes prctl/seccomp syscalls on data
+        // SAFETY: the closure only makes setrlimit/prctl/seccomp syscalls on data
         // prepared before the fork; it neither allocates nor takes locks.
         unsafe { cmd.pre_exec(hook) };
         Ok(())
