@@ -308,6 +308,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     let shared = std::sync::Arc::new(crate::serve::Shared {
         metrics: std::sync::Arc::clone(&metrics),
         ready: std::sync::RwLock::new(None),
+        hook: std::sync::OnceLock::new(),
     });
     crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
     let stdout = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
@@ -396,6 +397,11 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
                 match RuntimeHook::new(config) {
                     Ok(h) => {
                         stdout.close_in_hooks(h.group_fd());
+                        // A start may wait for prestart hooks, then its
+                        // state read: past that (and a margin), the hook
+                        // is stuck.
+                        let bound = args.hook_timeout + args.answer_deadline + HEALTH_MARGIN;
+                        let _ = shared.hook.set((h.health(), bound));
                         hook = Some((m, h));
                         break;
                     }
@@ -605,6 +611,10 @@ fn rescan(args: &RunArgs) -> Rescan {
         }),
     }
 }
+
+/// Added to the longest legitimate wait of a runtime exec before
+/// `/healthz` calls the hook stuck.
+const HEALTH_MARGIN: Duration = Duration::from_secs(5);
 
 /// Raises the soft open-file limit to the hard one. The agent's fds grow
 /// with tracked containers (a pidfd each), running hooks, queued permission

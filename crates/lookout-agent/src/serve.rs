@@ -30,6 +30,29 @@ struct ModeLabels {
     mode: String,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_fails_past_the_bound_only() {
+        let b = Duration::from_secs(10);
+        assert!(verdict(None, None, b).is_ok());
+        assert!(
+            verdict(
+                Some(Duration::from_secs(9)),
+                Some(Duration::from_secs(1)),
+                b
+            )
+            .is_ok()
+        );
+        let e = verdict(Some(Duration::from_secs(11)), None, b).expect_err("stuck answer");
+        assert!(e.contains("waited"), "{e}");
+        let e = verdict(None, Some(Duration::from_secs(11)), b).expect_err("stuck thread");
+        assert!(e.contains("permission thread"), "{e}");
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
@@ -55,6 +78,7 @@ pub struct Metrics {
     recovered: Counter,
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
+    oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -132,7 +156,15 @@ impl Metrics {
             "HTTP connections closed at accept because MAX_CONNECTIONS (64) were open",
             http_refused.clone(),
         );
+        let oldest_unanswered = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "permission_oldest_unanswered_seconds",
+            "Age of the oldest runtime exec (create, run, start) waiting for lookout's answer, \
+             0 when none waits; a start held for prestart hooks counts",
+            oldest_unanswered.clone(),
+        );
         Metrics {
+            oldest_unanswered,
             http_refused,
             ignored,
             recovered,
@@ -229,10 +261,43 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// `None` while starting; then the `/readyz` body.
     pub ready: RwLock<Option<String>>,
+    /// The runtime hook's progress, once a hook mode runs, and the longest
+    /// an answer may legitimately take (see [`verdict`]).
+    pub hook: std::sync::OnceLock<(lookout_runtime_hook::Health, Duration)>,
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Whether the runtime hook makes progress: the oldest permission event
+/// handed to its task has waited less than `bound`, and the permission
+/// thread has not been busy with one batch for that long either.
+pub fn verdict(
+    oldest_unanswered: Option<Duration>,
+    permission_thread_busy: Option<Duration>,
+    bound: Duration,
+) -> Result<(), String> {
+    if let Some(age) = oldest_unanswered.filter(|a| *a > bound) {
+        return Err(format!(
+            "a runtime exec has waited {age:?} for its answer (bound {bound:?})"
+        ));
+    }
+    if let Some(busy) = permission_thread_busy.filter(|b| *b > bound) {
+        return Err(format!(
+            "the permission thread has been busy for {busy:?} (bound {bound:?})"
+        ));
+    }
+    Ok(())
+}
+
+async fn healthz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    let check = s.hook.get().map_or(Ok(()), |(h, bound)| {
+        verdict(h.oldest_unanswered(), h.permission_thread_busy(), *bound)
+    });
+    match check {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(why) => {
+            tracing::error!("unhealthy: {why}");
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
+        }
+    }
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
@@ -243,6 +308,11 @@ async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+    if let Some((h, _)) = s.hook.get() {
+        s.metrics
+            .oldest_unanswered
+            .set(h.oldest_unanswered().unwrap_or_default().as_secs_f64());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -316,7 +386,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
     };
     let metrics = Arc::clone(&shared.metrics);
     let app = Router::new()
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(self::healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(self::metrics))
         .with_state(shared);

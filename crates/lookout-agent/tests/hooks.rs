@@ -396,3 +396,37 @@ fn new_containers_are_posted_as_kubernetes_events() {
     let (status, _) = agent.stop();
     assert!(status.success());
 }
+
+#[test]
+fn a_start_held_for_prestart_hooks_shows_as_the_oldest_unanswered_exec() {
+    if !ready("oldest_unanswered") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&rt, &["--prestart", "sleep 2"]);
+    let id = id("held-start");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let oldest = || {
+        metric(
+            &agent.metrics(),
+            "lookout_permission_oldest_unanswered_seconds",
+        )
+        .expect("the metric")
+    };
+    std::thread::scope(|s| {
+        let start = s.spawn(|| rt.ok(&["start", &id]));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while oldest() < 0.5 {
+            assert!(Instant::now() < deadline, "the held start never showed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Held on purpose, within the bound: still healthy.
+        assert_eq!(http_get(&agent.addr(), "/healthz").0, 200);
+        start.join().expect("start");
+    });
+    assert_eq!(oldest(), 0.0, "answered: nothing waits");
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    rt.cleanup(&id);
+}

@@ -37,7 +37,7 @@ pub(crate) enum Exec {
     Command {
         pid: u32,
         inv: Box<Invocation>,
-        perm: Permission,
+        perm: Held,
         since: Instant,
     },
     /// fanotify-only mode: an exec that was allowed without argv; the task
@@ -60,6 +60,120 @@ pub(crate) struct Unseen {
     pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 
+/// A permission event handed to the hook's task, registered as
+/// outstanding until it is answered (or dropped, which allows it).
+pub(crate) struct Held {
+    perm: Permission,
+    _slot: Option<Slot>,
+}
+
+impl Held {
+    /// Allows the exec.
+    pub fn allow(self) {
+        answer(self.perm);
+    }
+}
+
+/// Nanoseconds since `base`, plus one (0 marks a free slot).
+fn stamp(base: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(base).as_nanos() as u64 + 1
+}
+
+/// Permission events handed to the hook's task and not answered yet, in
+/// fixed slots of atomics: the permission thread registers one without a
+/// lock, whoever answers clears it, and `/healthz` reads the oldest.
+pub(crate) struct Outstanding {
+    base: Instant,
+    slots: Box<[AtomicU64]>,
+}
+
+/// One registered event; clears its slot when dropped.
+pub(crate) struct Slot {
+    registry: Arc<Outstanding>,
+    index: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.registry.slots[self.index].store(0, Ordering::Release);
+    }
+}
+
+impl Outstanding {
+    /// Slots: more events outstanding at once are not tracked (the
+    /// oldest ones are, which is what health needs).
+    const SLOTS: usize = 256;
+
+    fn new(base: Instant) -> Outstanding {
+        Outstanding {
+            base,
+            slots: (0..Self::SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn enter(self: &Arc<Self>, since: Instant) -> Option<Slot> {
+        let v = stamp(self.base, since);
+        self.slots.iter().enumerate().find_map(|(index, s)| {
+            s.compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
+                .ok()
+                .map(|_| Slot {
+                    registry: Arc::clone(self),
+                    index,
+                })
+        })
+    }
+
+    fn oldest(&self) -> Option<Duration> {
+        let min = self
+            .slots
+            .iter()
+            .map(|s| s.load(Ordering::Acquire))
+            .filter(|&v| v != 0)
+            .min()?;
+        let now = stamp(self.base, Instant::now());
+        Some(Duration::from_nanos(now.saturating_sub(min)))
+    }
+}
+
+/// What `/healthz` needs to know about the runtime hook, readable from any
+/// thread without a lock. Get one with
+/// [`RuntimeHook::health`](crate::RuntimeHook::health).
+#[derive(Clone)]
+pub struct Health {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("oldest_unanswered", &self.oldest_unanswered())
+            .field("permission_thread_busy", &self.permission_thread_busy())
+            .finish()
+    }
+}
+
+impl Health {
+    /// How long the oldest permission event handed to the hook's task
+    /// (`create`, `run`, `start`) has waited for its answer; `None` when
+    /// none waits. A `start` held for prestart hooks waits up to the
+    /// start barrier's cap by design.
+    pub fn oldest_unanswered(&self) -> Option<Duration> {
+        self.shared.outstanding.oldest()
+    }
+
+    /// How long the permission thread has been handling its current batch
+    /// of events; `None` while it waits for events. It answers most events
+    /// in microseconds: a large value means it is stuck.
+    pub fn permission_thread_busy(&self) -> Option<Duration> {
+        let since = self.shared.busy_since.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let now = stamp(self.shared.outstanding.base, Instant::now());
+        Some(Duration::from_nanos(now.saturating_sub(since)))
+    }
+}
+
 /// State shared by the gate thread and the hook's task.
 pub(crate) struct Shared {
     /// The marked binaries (to recognise a runtime re-executing itself).
@@ -71,6 +185,11 @@ pub(crate) struct Shared {
     unread_argv: AtomicU64,
     recovered: AtomicU64,
     ignored: AtomicU64,
+    /// See [`Health`].
+    outstanding: Arc<Outstanding>,
+    /// When the permission thread started its current batch (a
+    /// [`stamp`]); 0 while it waits in `poll`.
+    busy_since: AtomicU64,
     errors: AtomicU64,
     slowest_us: AtomicU64,
 }
@@ -86,6 +205,8 @@ impl Shared {
             unread_argv: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
             ignored: AtomicU64::new(0),
+            outstanding: Arc::new(Outstanding::new(Instant::now())),
+            busy_since: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
         }
@@ -161,6 +282,13 @@ impl Shared {
             ignored: self.ignored.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle for health checks.
+    pub fn health(self: &Arc<Self>) -> Health {
+        Health {
+            shared: Arc::clone(self),
         }
     }
 
@@ -257,6 +385,11 @@ impl Worker {
             if fds[1].any().unwrap_or(false) {
                 break;
             }
+            let shared = &self.shared;
+            shared.busy_since.store(
+                stamp(shared.outstanding.base, Instant::now()),
+                Ordering::Release,
+            );
             match self.group.read_events(&mut buf, &mut events) {
                 Ok(_) => {}
                 Err(e) => {
@@ -268,6 +401,7 @@ impl Worker {
             for ev in events.drain(..) {
                 self.handle(ev);
             }
+            self.shared.busy_since.store(0, Ordering::Release);
         }
         // Answer whatever is queued before the group closes.
         let _ = self.group.drain();
@@ -331,7 +465,10 @@ impl Worker {
                 let msg = Exec::Command {
                     pid: r.tgid,
                     inv: Box::new(inv),
-                    perm,
+                    perm: Held {
+                        perm,
+                        _slot: self.shared.outstanding.enter(since),
+                    },
                     since,
                 };
                 // A closed channel (shutting down) hands the message back:

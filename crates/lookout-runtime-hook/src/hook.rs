@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Permission, Report};
+use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Report};
 pub use lookout_model::Sink;
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
 use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
-use crate::gate::{Exec, Gate, Shared, Unseen, answer};
+use crate::gate::{Exec, Gate, Held, Shared, Unseen};
 use crate::oci::{OciConfig, read_config_within};
 use crate::state::{default_root, read_pid_file_under, read_state_under};
 use crate::{Error, pidfd, proc};
@@ -358,6 +358,12 @@ impl RuntimeHook {
         std::os::fd::AsRawFd::as_raw_fd(&self.group)
     }
 
+    /// A handle for health checks (see [`Health`](crate::Health)), usable
+    /// from any thread after the hook moved into [`RuntimeHook::run`].
+    pub fn health(&self) -> crate::Health {
+        self.shared.health()
+    }
+
     /// Whether argv is captured by BPF.
     pub fn has_bpf(&self) -> bool {
         self.capture.is_some()
@@ -498,7 +504,7 @@ impl RuntimeHook {
         pid: u32,
         binary: &str,
         argv: &[String],
-        perm: Option<Permission>,
+        perm: Option<Held>,
         sink: &mut dyn Sink,
     ) {
         match argv::parse(argv, binary) {
@@ -507,7 +513,7 @@ impl RuntimeHook {
                 self.shared.error("argv");
                 tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
                 if let Some(perm) = perm {
-                    answer(perm);
+                    perm.allow();
                 }
             }
         }
@@ -518,7 +524,7 @@ impl RuntimeHook {
         &mut self,
         pid: u32,
         inv: &Invocation,
-        perm: Option<Permission>,
+        perm: Option<Held>,
         sink: &mut dyn Sink,
     ) {
         match &inv.command {
@@ -526,7 +532,7 @@ impl RuntimeHook {
                 let id = a.id.clone();
                 self.on_create(pid, inv);
                 if let Some(perm) = perm {
-                    answer(perm);
+                    perm.allow();
                 }
                 if matches!(inv.command, Command::Create(_)) {
                     self.spawn_exit_wait(pid, Notice::Created(id));
@@ -554,15 +560,15 @@ impl RuntimeHook {
                                     "start did not wait longer for the container's prestart hooks"
                                 );
                             }
-                            answer(perm);
+                            perm.allow();
                         });
                     }
-                    None => answer(perm),
+                    None => perm.allow(),
                 }
             }
             Command::Delete { .. } | Command::ReExec | Command::Other(_) => {
                 if let Some(perm) = perm {
-                    answer(perm);
+                    perm.allow();
                 }
             }
         }
