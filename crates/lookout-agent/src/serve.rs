@@ -146,8 +146,7 @@ impl Metrics {
         registry.register(
             "runtime_execs_ignored",
             "Runtime execs allowed at once and not followed, by reason (non-root: the caller is \
-             not host root and cannot make a rootful container; no-record: no BPF argv record, \
-             which only root's execs get)",
+             not host root and cannot make a rootful container)",
             ignored.clone(),
         );
         let http_refused = Counter::default();

@@ -151,7 +151,7 @@ fn a_spoofed_runtime_root_gets_no_container_no_root_hook_and_no_identity() {
     // Five runtime execs, each answered at once and not followed.
     wait_metric(
         &agent,
-        "lookout_runtime_execs_ignored_total{reason=\"no-record\"}",
+        "lookout_runtime_execs_ignored_total{reason=\"non-root\"}",
         5.0,
     );
 
@@ -321,7 +321,7 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     // Let the flood run before and while root works.
     wait_metric(
         &agent,
-        "lookout_runtime_execs_ignored_total{reason=\"no-record\"}",
+        "lookout_runtime_execs_ignored_total{reason=\"non-root\"}",
         20.0,
     );
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});

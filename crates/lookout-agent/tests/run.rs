@@ -988,7 +988,7 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
     let (status, log) = agent.stop();
     assert!(status.success());
     assert!(
-        !log.contains("without a BPF argv record tid"),
+        !log.contains("without a BPF argv record"),
         "a runtime exec lost its argv:\n{log}"
     );
 }

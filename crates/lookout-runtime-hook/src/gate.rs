@@ -58,6 +58,8 @@ pub(crate) struct Unseen {
     /// The exec'ing process, to tell its exit (and pid reuse) apart from a
     /// slow exec. `None` when it could not be opened (a non-leader thread).
     pub pidfd: Option<std::os::fd::OwnedFd>,
+    /// BPF argv capture runs, yet this exec has no record.
+    pub bpf: bool,
 }
 
 /// A permission event handed to the hook's task, registered as
@@ -187,6 +189,8 @@ pub(crate) struct Shared {
     ignored: AtomicU64,
     /// See [`Health`].
     outstanding: Arc<Outstanding>,
+    /// Execs without argv not handed to the task (its queue was full).
+    pub unseen_dropped: AtomicU64,
     /// When the permission thread started its current batch (a
     /// [`stamp`]); 0 while it waits in `poll`.
     busy_since: AtomicU64,
@@ -207,6 +211,7 @@ impl Shared {
             ignored: AtomicU64::new(0),
             outstanding: Arc::new(Outstanding::new(Instant::now())),
             busy_since: AtomicU64::new(0),
+            unseen_dropped: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
         }
@@ -493,21 +498,18 @@ impl Worker {
     /// from /proc and the runtime's state.
     fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
         self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
-        if self.ring.is_some() {
-            // A caller other than host root (the programs record only
-            // root's execs: no other caller can make a rootful container),
-            // or an exec path the programs do not see. Nothing to learn
-            // here, so nothing more to do before answering.
-            self.shared.answer(perm, since);
-            self.shared.ignored("no-record");
-            tracing::debug!(tid, "runtime exec without a BPF argv record");
-            return;
-        }
-        // fanotify-only mode: at this point /proc/<tid>/cmdline is still the
-        // parent's. Note what lets the task recognise the runtime's own argv
-        // once the exec is through (the binary's identity, a pidfd), with
-        // nothing that reads another process's memory: a hostile parent
-        // must not be able to stall this thread.
+        // No argv now: fanotify-only mode, or, with BPF, a caller other
+        // than host root (the programs record only root's execs) or an
+        // exec path the programs do not see. Allow it, and let the task
+        // follow it: it reads the caller's uid and, once the exec is
+        // through, its argv from /proc, so that a root container is still
+        // reported (late), never dropped in silence.
+        //
+        // At this point /proc/<tid>/cmdline is still the parent's. Note
+        // what lets the task recognise the runtime's own argv later (the
+        // binary's identity, a pidfd), with nothing that reads another
+        // process's memory: a hostile parent must not be able to stall this
+        // thread.
         let fd = perm.fd();
         let binary = std::fs::read_link(format!(
             "/proc/self/fd/{}",
@@ -520,12 +522,18 @@ impl Worker {
             .map(|st| (st.st_dev, st.st_ino));
         let pidfd = crate::pidfd::pidfd_open(tid).ok();
         self.shared.answer(perm, since);
-        let _ = self.tx.blocking_send(Exec::Unseen(Unseen {
+        // Never wait for the task here (an exec flood must not stall this
+        // thread): a full queue is counted, and the task reconciles.
+        let unseen = Exec::Unseen(Unseen {
             tid,
             binary,
             exe,
             pidfd,
-        }));
+            bpf: self.ring.is_some(),
+        });
+        if self.tx.try_send(unseen).is_err() {
+            self.shared.unseen_dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

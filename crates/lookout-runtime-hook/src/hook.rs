@@ -48,9 +48,7 @@ pub trait Observer: Send + Sync {
     /// mode); it was reported late.
     fn recovered(&self) {}
     /// A runtime exec was allowed and not followed, for `reason`
-    /// (`non-root`: its caller is not host root; `no-record`: no BPF argv
-    /// record, because its caller is not host root, whose execs alone are
-    /// recorded, or because it took an exec path the programs do not see).
+    /// (`non-root`: its caller is not host root).
     fn ignored(&self, reason: &'static str) {
         let _ = reason;
     }
@@ -453,6 +451,19 @@ impl RuntimeHook {
                 .map_or(Duration::from_secs(3600), |r| r.interval),
         );
         loop {
+            let dropped = self
+                .shared
+                .unseen_dropped
+                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            if dropped > 0 {
+                self.shared.count_unread_argv();
+                if self.unread.is_empty() {
+                    self.unread_since = Instant::now();
+                }
+                self.unread.push(format!(
+                    "{dropped} runtime execs not followed: the queue was full"
+                ));
+            }
             let due = self.reconcile_due();
             tokio::select! {
                 () = &mut shutdown => break,
@@ -712,7 +723,12 @@ impl RuntimeHook {
                     self.finalize(&id, None, sink);
                 }
             }
-            Notice::LateArgv { pid, binary, argv } => self.on_argv(pid, &binary, &argv, None, sink),
+            Notice::LateArgv { pid, binary, argv } => {
+                if self.capture.is_some() {
+                    self.shared.error("argv-late");
+                }
+                self.on_argv(pid, &binary, &argv, None, sink)
+            }
             Notice::Foreign { pid } => {
                 self.shared.ignored("non-root");
                 tracing::debug!(pid, "runtime exec by a non-root caller: not a container");
@@ -898,7 +914,13 @@ async fn follow_exec(u: Unseen) -> Notice {
         binary,
         exe,
         pidfd,
+        bpf,
     } = u;
+    // Only host root makes rootful containers (see the gate). The real uid
+    // does not change across the exec.
+    if proc::real_uid(tid).is_some_and(|uid| uid != 0) {
+        return Notice::Foreign { pid: tid };
+    }
     let deadline = Instant::now() + LATE_ARGV_DEADLINE;
     let mut wait = Duration::from_micros(100);
     loop {
@@ -919,6 +941,15 @@ async fn follow_exec(u: Unseen) -> Notice {
                 return Notice::Foreign { pid: tid };
             }
             if alive {
+                if bpf {
+                    tracing::warn!(
+                        pid = tid,
+                        binary,
+                        ?argv,
+                        "a root runtime exec without a BPF argv record: read from /proc after \
+                         the fact (its container is reported, but was not held before start)"
+                    );
+                }
                 return Notice::LateArgv {
                     pid: tid,
                     binary,
