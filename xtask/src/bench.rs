@@ -27,6 +27,10 @@ pub struct Options {
     /// Containers for the churn measurement.
     #[arg(long, default_value_t = 500)]
     pub churn: usize,
+    /// Containers, each with 64 KiB of annotations, for the memory
+    /// measurement (all tracked at once).
+    #[arg(long, default_value_t = 200)]
+    pub heavy: usize,
     /// Entries per mode for the inode-map measurement.
     #[arg(long, default_value_t = 1_000_000)]
     pub inode_entries: u64,
@@ -563,6 +567,85 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         }
     });
     let rss_after = proc_sample(pid).2;
+
+    // 3. Memory: containers whose config.json carries 64 KiB of annotations
+    //    each (16 of 4 KiB), all tracked at once.
+    say(
+        "bench",
+        &format!(
+            "memory: {} containers with 64 KiB of annotations each",
+            opts.heavy
+        ),
+    );
+    let hb = work.join("bundle-heavy");
+    busybox_bundle(&hb, &["sleep", "60"])?;
+    {
+        let p = hb.join("config.json");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&p)?)?;
+        let annotations: serde_json::Map<String, Value> = (0..16)
+            .map(|i| (format!("bench.lookout/a{i:02}"), json!("x".repeat(4096))))
+            .collect();
+        c["annotations"] = Value::Object(annotations);
+        std::fs::write(&p, serde_json::to_vec(&c)?)?;
+    }
+    let hbs = hb.to_str().context("utf-8")?.to_owned();
+    let heavy_ids: Vec<String> = (0..opts.heavy)
+        .map(|i| format!("bench-heavy-{i}"))
+        .collect();
+    let heavy_peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let heavy_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heavy_sampler = {
+        let (peak, stop) = (heavy_peak.clone(), heavy_stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(proc_sample(pid).2, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    std::thread::scope(|s| {
+        for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
+            let hbs = &hbs;
+            s.spawn(move || {
+                for id in chunk {
+                    let _ = runc(&["create", "--bundle", hbs, id]) && runc(&["start", id]);
+                }
+            });
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let e = agent.events();
+        if heavy_ids
+            .iter()
+            .all(|i| e.get(i).is_some_and(|(a, _)| !a.is_empty()))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let heavy_tracked = {
+        let e = agent.events();
+        heavy_ids
+            .iter()
+            .filter(|i| {
+                e.get(*i)
+                    .is_some_and(|(a, r)| !a.is_empty() && r.is_empty())
+            })
+            .count()
+    };
+    let heavy_rss = proc_sample(pid).2;
+    heavy_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = heavy_sampler.join();
+    std::thread::scope(|s| {
+        for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
+            s.spawn(move || {
+                for id in chunk {
+                    runc(&["delete", "--force", id]);
+                }
+            });
+        }
+    });
     agent.stop();
 
     // SAFETY: sysconf has no preconditions.
@@ -590,6 +673,12 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             "tracked_at_end_of_creation": tracked_peak,
             "cpu_s": (c1.0 - c0.0) as f64 / hz, "wall_s": create_secs,
             "peak_rss_kb": peak.load(std::sync::atomic::Ordering::Relaxed), "rss_after_kb": rss_after,
+        },
+        "memory_heavy_annotations": {
+            "containers": opts.heavy, "annotation_bytes_each": 16 * 4096,
+            "tracked": heavy_tracked,
+            "rss_all_tracked_kb": heavy_rss,
+            "peak_rss_kb": heavy_peak.load(std::sync::atomic::Ordering::Relaxed),
         },
     });
     let inode = if opts.only.is_none() {
@@ -664,6 +753,11 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         ch["tracked_at_end_of_creation"],
         g(ch, "cpu_s"),
         ch["peak_rss_kb"]
+    );
+    let m = &report["memory_heavy_annotations"];
+    println!(
+        "memory: {} containers with 64 KiB of annotations each, {} tracked at once: RSS {} kB, peak {} kB",
+        opts.heavy, m["tracked"], m["rss_all_tracked_kb"], m["peak_rss_kb"]
     );
     if let Some(v) = &inode {
         print_inode(v);

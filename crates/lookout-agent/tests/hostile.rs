@@ -210,7 +210,16 @@ fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
     let rt = Runtime::runc();
     open_to_all(rt.path.parent().expect("runtime dir"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = Agent::start(&rt, &["--answer-deadline", "1s"]);
+    // crun, when installed, through a copy of its own too.
+    let crun = lookout_testsupport::find_program("crun").map(|_| Runtime::copy("crun"));
+    let crun_path = crun
+        .as_ref()
+        .map(|c| c.path.to_str().expect("utf-8").to_owned());
+    let mut extra = vec!["--answer-deadline", "1s"];
+    if let Some(c) = crun_path.as_deref() {
+        extra.extend(["--runtime-path", c]);
+    }
+    let agent = Agent::start(&rt, &extra);
     let play = attacker_dir(user);
     let p = play.path().to_str().expect("utf-8");
     let runc = rt.path.to_str().expect("utf-8");
@@ -251,12 +260,46 @@ fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
             .expect("runc create on a FIFO config"),
     );
 
+    // A config.json that is a symlink to /etc/shadow, in a bundle of
+    // theirs: runc (root) follows it and fails; lookout never reads it.
+    as_attacker(
+        user,
+        "mkdir -p \"$0/link-bundle\" && ln -s /etc/shadow \"$0/link-bundle/config.json\"",
+        &[p],
+    );
+    let link_id = id("link-config");
+    let _ = rt.run(&["create", "--bundle", &format!("{p}/link-bundle"), &link_id]);
+    // crun's --config naming a FIFO of theirs (crun blocks on it itself).
+    as_attacker(user, "mkfifo \"$0/config-fifo.json\"", &[p]);
+    let crun_id = id("crun-fifo-config");
+    let mut crun_on_fifo = crun.as_ref().map(|c| {
+        KillOnDrop(
+            c.command()
+                .args(["create", "--config", &format!("{p}/config-fifo.json")])
+                .args(["--bundle", &format!("{p}/b"), &crun_id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("crun create --config FIFO"),
+        )
+    });
+    // A FIFO where root's runc will write its pid file.
+    as_attacker(user, "mkfifo \"$0/pid-fifo\"", &[p]);
+
     // The next root container is created, started and reported within the
     // answer deadline plus one second.
     let good = id("after-fifos");
     let b = bundle::busybox(&dir.path().join("good"), &["sleep", "1"], |_| {});
     let t = Instant::now();
-    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &good]);
+    rt.ok(&[
+        "create",
+        "--pid-file",
+        &format!("{p}/pid-fifo"),
+        "--bundle",
+        b.to_str().expect("utf-8"),
+        &good,
+    ]);
     rt.ok(&["start", &good]);
     agent.wait_event(&good, "added", Duration::from_secs(2));
     let took = t.elapsed();
@@ -269,7 +312,11 @@ fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
     agent.wait_event(&good, "removed", Duration::from_secs(10));
     rt.cleanup(&good);
 
+    eprintln!("create + start + added after the planted FIFOs: {took:?}");
     let _ = root_runc_on_fifo.0.kill();
+    if let Some(c) = crun_on_fifo.as_mut() {
+        let _ = c.0.kill();
+    }
     let _ = attacker_runc.0.kill();
     let t = Instant::now();
     let (status, log) = agent.stop();
@@ -280,10 +327,22 @@ fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
         t.elapsed()
     );
     assert!(
-        log.contains("not a regular file"),
+        log.contains(&hung_id) && log.contains("not a regular file"),
         "the FIFO config.json was refused with a reason:\n{log}"
     );
+    assert!(
+        log.contains(&link_id) && log.contains("a symlink (not followed)"),
+        "the symlinked config.json was refused with a reason:\n{log}"
+    );
+    if crun.is_some() {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&crun_id) && l.contains("not a regular file")),
+            "crun's FIFO --config was refused with a reason:\n{log}"
+        );
+    }
     rt.cleanup(&hung_id);
+    rt.cleanup(&link_id);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::Error;
 
 /// Largest config.json read (runc's own limit is far smaller in practice).
-pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The parts of an OCI runtime spec lookout reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -71,7 +71,43 @@ pub fn read_config_under(
             }),
     }
     .map_err(err)?;
-    serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))
+    let mut cfg: OciConfig =
+        serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))?;
+    if let Some(dropped) = bound_annotations(&mut cfg.annotations) {
+        tracing::warn!(
+            path = %path.display(),
+            dropped,
+            "config.json annotations beyond {MAX_ANNOTATION_BYTES} bytes or {MAX_ANNOTATIONS} entries were dropped"
+        );
+    }
+    Ok(cfg)
+}
+
+/// The most annotation bytes (keys and values) kept per container: the
+/// Kubernetes API's own limit for one object.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+/// The most annotations kept per container.
+pub const MAX_ANNOTATIONS: usize = 1024;
+/// Set on a container whose annotations were cut: how many were dropped.
+pub const TRUNCATED_ANNOTATION: &str = "io.lookout.annotations-dropped";
+
+/// Keeps annotations in key order while they fit the limits; returns how
+/// many were dropped, and records that number under
+/// [`TRUNCATED_ANNOTATION`].
+fn bound_annotations(a: &mut BTreeMap<String, String>) -> Option<usize> {
+    let mut total = 0usize;
+    let mut cut = None;
+    for (kept, (k, v)) in a.iter().enumerate() {
+        total += k.len() + v.len();
+        if total > MAX_ANNOTATION_BYTES || kept == MAX_ANNOTATIONS {
+            cut = Some(k.clone());
+            break;
+        }
+    }
+    let cut = cut?;
+    let dropped = a.split_off(&cut).len();
+    a.insert(TRUNCATED_ANNOTATION.to_owned(), dropped.to_string());
+    Some(dropped)
 }
 
 /// Reader threads that are stuck on a hung file system at most; past this,
@@ -154,6 +190,41 @@ mod tests {
         assert_eq!(c.hostname.as_deref(), Some("h"));
         assert_eq!(c.process.expect("process").args, ["sh", "-c", "x"]);
         assert_eq!(c.annotations["io.kubernetes.cri.container-name"], "web");
+    }
+
+    #[test]
+    fn annotations_are_bounded_per_container() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let big: BTreeMap<String, String> = (0..100)
+            .map(|i| (format!("k{i:03}"), "v".repeat(4096)))
+            .collect();
+        std::fs::write(
+            d.path().join("config.json"),
+            serde_json::json!({ "annotations": big }).to_string(),
+        )
+        .expect("write");
+        let c = read_config(d.path(), None).expect("valid");
+        let kept: usize = c
+            .annotations
+            .iter()
+            .filter(|(k, _)| k.as_str() != TRUNCATED_ANNOTATION)
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        assert!(kept <= MAX_ANNOTATION_BYTES, "{kept}");
+        assert_eq!(c.annotations.len(), 63 + 1);
+        assert_eq!(c.annotations[TRUNCATED_ANNOTATION], "37");
+        assert!(c.annotations.contains_key("k000") && !c.annotations.contains_key("k099"));
+
+        let many: BTreeMap<String, String> = (0..2000)
+            .map(|i| (format!("k{i:04}"), String::new()))
+            .collect();
+        std::fs::write(
+            d.path().join("config.json"),
+            serde_json::json!({ "annotations": many }).to_string(),
+        )
+        .expect("write");
+        let c = read_config(d.path(), None).expect("valid");
+        assert_eq!(c.annotations.len(), MAX_ANNOTATIONS + 1);
     }
 
     #[test]
