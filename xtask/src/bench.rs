@@ -172,6 +172,37 @@ impl Agent {
     }
 }
 
+/// Samples a process's RSS every 50 ms on a thread, keeping the peak.
+struct PeakRss {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn start(pid: u32) -> PeakRss {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let peak = std::sync::Arc::new(AtomicU64::new(0));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(proc_sample(pid).2, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        PeakRss { peak, stop, thread }
+    }
+
+    /// Stops sampling; the peak RSS in kB.
+    fn stop(self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
 /// (utime+stime ticks, voluntary context switches, VmRSS kB).
 fn proc_sample(pid: u32) -> (u64, u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -494,17 +525,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         .map(|i| format!("bench-churn-{i}"))
         .collect();
     let c0 = proc_sample(pid);
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (peak, stop) = (peak.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                peak.fetch_max(proc_sample(pid).2, std::sync::atomic::Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let sampler = PeakRss::start(pid);
     let t = Instant::now();
     let failed = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -541,8 +562,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = sampler.join();
+    let churn_peak = sampler.stop();
     let c1 = proc_sample(pid);
     let e = agent.events();
     let missed = ids
@@ -592,17 +612,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     let heavy_ids: Vec<String> = (0..opts.heavy)
         .map(|i| format!("bench-heavy-{i}"))
         .collect();
-    let heavy_peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let heavy_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let heavy_sampler = {
-        let (peak, stop) = (heavy_peak.clone(), heavy_stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                peak.fetch_max(proc_sample(pid).2, std::sync::atomic::Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let heavy_sampler = PeakRss::start(pid);
     std::thread::scope(|s| {
         for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
             let hbs = &hbs;
@@ -635,8 +645,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             .count()
     };
     let heavy_rss = proc_sample(pid).2;
-    heavy_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = heavy_sampler.join();
+    let heavy_peak = heavy_sampler.stop();
     std::thread::scope(|s| {
         for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
             s.spawn(move || {
@@ -672,13 +681,13 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             "missed_added": missed, "missing_removed": stuck, "duplicates": dupes,
             "tracked_at_end_of_creation": tracked_peak,
             "cpu_s": (c1.0 - c0.0) as f64 / hz, "wall_s": create_secs,
-            "peak_rss_kb": peak.load(std::sync::atomic::Ordering::Relaxed), "rss_after_kb": rss_after,
+            "peak_rss_kb": churn_peak, "rss_after_kb": rss_after,
         },
         "memory_heavy_annotations": {
             "containers": opts.heavy, "annotation_bytes_each": 16 * 4096,
             "tracked": heavy_tracked,
             "rss_all_tracked_kb": heavy_rss,
-            "peak_rss_kb": heavy_peak.load(std::sync::atomic::Ordering::Relaxed),
+            "peak_rss_kb": heavy_peak,
         },
     });
     let inode = if opts.only.is_none() {

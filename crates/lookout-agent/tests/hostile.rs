@@ -24,6 +24,14 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Root, runc, busybox and the unprivileged user, or a loud skip.
+fn attacker(test: &str) -> Option<User> {
+    if !ready(test) {
+        return None;
+    }
+    unprivileged_user(test)
+}
+
 /// Lets every user read and run what is in `dir` (tempdirs are 0700).
 fn open_to_all(dir: &Path) {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -72,10 +80,7 @@ fn wait_metric(agent: &Agent, name: &str, min: f64) {
 
 #[test]
 fn a_spoofed_runtime_root_gets_no_container_no_root_hook_and_no_identity() {
-    if !ready("spoof") {
-        return;
-    }
-    let Some(user) = unprivileged_user("spoof") else {
+    let Some(user) = attacker("spoof") else {
         return;
     };
     let rt = Runtime::runc();
@@ -201,10 +206,7 @@ fn a_spoofed_runtime_root_gets_no_container_no_root_hook_and_no_identity() {
 
 #[test]
 fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
-    if !ready("fifos") {
-        return;
-    }
-    let Some(user) = unprivileged_user("fifos") else {
+    let Some(user) = attacker("fifos") else {
         return;
     };
     let rt = Runtime::runc();
@@ -347,10 +349,7 @@ fn fifos_planted_by_an_unprivileged_user_do_not_freeze_discovery() {
 
 #[test]
 fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
-    if !ready("flood") {
-        return;
-    }
-    let Some(user) = unprivileged_user("flood") else {
+    let Some(user) = attacker("flood") else {
         return;
     };
     const N: usize = 20;
@@ -417,10 +416,7 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
 
 #[test]
 fn idle_connections_and_running_hooks_under_a_low_fd_limit_never_deny_an_exec() {
-    if !ready("fd_limit") {
-        return;
-    }
-    let Some(user) = unprivileged_user("fd_limit") else {
+    let Some(user) = attacker("fd_limit") else {
         return;
     };
     // When fanotify cannot install an event's fd in the agent, the kernel
