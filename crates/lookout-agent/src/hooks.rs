@@ -77,6 +77,8 @@ struct Dispatcher {
     close_fds: Mutex<Vec<std::os::fd::RawFd>>,
     /// Permits to run a hook process ([`MAX_RUNNING_HOOKS`]).
     running: Arc<tokio::sync::Semaphore>,
+    /// Where hooks and Events run.
+    side: tokio::runtime::Handle,
 }
 
 /// A [`Sink`] that runs hooks and posts Events, then hands the event on.
@@ -99,7 +101,14 @@ impl lookout_runtime_hook::StartBarrier for Barrier {
 
 impl<S: Sink> HookSink<S> {
     /// Wraps `out`. Returns the sink and the barrier for the runtime hook.
-    pub fn new(out: S, settings: HookSettings, events: Option<Events>) -> (HookSink<S>, Barrier) {
+    /// Hooks and Events run as tasks on `side`, never on the caller's
+    /// runtime.
+    pub fn new(
+        out: S,
+        settings: HookSettings,
+        events: Option<Events>,
+        side: tokio::runtime::Handle,
+    ) -> (HookSink<S>, Barrier) {
         let named = |cmds: &[String]| {
             cmds.iter()
                 .filter_map(|c| sh_hook(c).map(|h| (format!("sh -c {c:?}"), h)))
@@ -114,6 +123,7 @@ impl<S: Sink> HookSink<S> {
             events,
             close_fds: Mutex::new(Vec::new()),
             running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
+            side,
         });
         (
             HookSink {
@@ -196,7 +206,7 @@ impl Dispatcher {
                         });
                 let d = Arc::clone(self);
                 let e = event.clone();
-                tokio::spawn(async move {
+                self.side.spawn(async move {
                     // One read of config.json serves the hooks and the Event.
                     let config = d.config_of(&e).await;
                     if let Some(ev) = d.events.clone() {
@@ -218,7 +228,7 @@ impl Dispatcher {
                 if !self.poststop.is_empty() || !self.settings.dirs.is_empty() {
                     let d = Arc::clone(self);
                     let e = event.clone();
-                    tokio::spawn(async move {
+                    self.side.spawn(async move {
                         let config = d.config_of(&e).await;
                         d.run_stage(&e, false, config.as_ref()).await;
                     });

@@ -295,10 +295,28 @@ pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<(
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    rt.block_on(run_async(args, bpf_object))
+    // Everything that talks to other parties (the Kubernetes API, hook
+    // processes, Events) runs on a runtime and thread of its own: the
+    // main runtime runs the runtime hook's task, which answers `create`,
+    // `run` and `start`, and shares nothing with them that can stall.
+    let side = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("lookout-side")
+        .enable_all()
+        .build()
+        .context("starting the side tokio runtime")?;
+    let result = rt.block_on(run_async(args, bpf_object, side.handle().clone()));
+    // Hook processes and reads stuck on a hung file system must not hold
+    // the exit up: their tasks are abandoned.
+    side.shutdown_background();
+    result
 }
 
-async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+async fn run_async(
+    args: RunArgs,
+    bpf_object: Option<&'static [u8]>,
+    side: tokio::runtime::Handle,
+) -> anyhow::Result<()> {
     let output = args.output.unwrap_or(if std::io::stdout().is_terminal() {
         Output::Text
     } else {
@@ -339,7 +357,10 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     // Initialize the chosen hook mode once; if that fails (a race with
     // the probe, a kernel surprise), step down instead of exiting.
     // One connection to the cluster, made when something needs it.
-    let mut kube = Kube::default();
+    let mut kube = Kube {
+        side: side.clone(),
+        result: None,
+    };
     let hook_settings = HookSettings {
         prestart: args.prestart.clone(),
         poststop: args.poststop.clone(),
@@ -366,7 +387,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
         None
     };
     let hooks_wanted = hook_settings.any();
-    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events);
+    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone());
     let barrier = std::sync::Arc::new(barrier);
 
     let mut refused = refused;
@@ -473,7 +494,7 @@ async fn run_async(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::
     let spawn_informer = |i: lookout_informer::Informer,
                           sink: merge::Shared<HookSink<StdoutSink>>| {
         let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
+        side.spawn(async move {
             let mut sink = sink;
             i.run(&mut sink, async move {
                 let _ = stop.wait_for(|s| *s).await;
@@ -531,8 +552,9 @@ async fn stop_informer(
 }
 
 /// The connection to the cluster, made once: the client, or why not.
-#[derive(Default)]
 struct Kube {
+    /// Where the client (and its connection workers) live.
+    side: tokio::runtime::Handle,
     result: Option<Result<kube::Client, String>>,
 }
 
@@ -542,7 +564,14 @@ impl Kube {
     /// refused at start-up, with the reason, instead of running blind.
     async fn client(&mut self, args: &RunArgs) -> anyhow::Result<kube::Client> {
         if self.result.is_none() {
-            self.result = Some(connect(args).await.map_err(|e| format!("{e:#}")));
+            // Built on the side runtime, so that kube's connection workers
+            // run there too.
+            let connected = self
+                .side
+                .spawn(connect(args.kubeconfig.clone()))
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("connecting: {e}")));
+            self.result = Some(connected.map_err(|e| format!("{e:#}")));
         }
         match &self.result {
             Some(Ok(c)) => Ok(c.clone()),
@@ -552,8 +581,8 @@ impl Kube {
     }
 }
 
-async fn connect(args: &RunArgs) -> anyhow::Result<kube::Client> {
-    let client = match &args.kubeconfig {
+async fn connect(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    let client = match &kubeconfig {
         Some(path) => lookout_informer::client_from_kubeconfig(path).await?,
         None => lookout_informer::client().await?,
     };
