@@ -229,7 +229,9 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
         hooks.join("hang.json"),
         serde_json::json!({
             "version": "1.0.0",
-            "hook": {"path": "/bin/sleep", "args": ["sleep", "30"]},
+            // A duration no other test uses: pgrep below must not find
+            // another test's container running `sleep 30`.
+            "hook": {"path": "/bin/sleep", "args": ["sleep", "29.73"]},
             "when": {"annotations": {"^hang$": ""}},
             "stages": ["prestart"]
         })
@@ -294,9 +296,9 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The hook's `sleep 30` was killed, not left behind.
+    // The hook's `sleep` was killed, not left behind.
     let left = std::process::Command::new("pgrep")
-        .args(["-f", "^sleep 30$"])
+        .args(["-f", "^sleep 29\\.73$"])
         .output()
         .expect("pgrep");
     assert!(

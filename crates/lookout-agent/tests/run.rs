@@ -1415,3 +1415,124 @@ fn the_agent_raises_its_open_file_limit_to_the_hard_limit() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A FUSE mount with no daemon: every access to it waits forever (until
+/// the connection is aborted by closing the returned fd).
+struct HungFs {
+    mountpoint: PathBuf,
+    dev: Option<std::fs::File>,
+}
+
+impl HungFs {
+    fn mount(mountpoint: &Path) -> HungFs {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(mountpoint).expect("mkdir");
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .expect("open /dev/fuse");
+        let opts = format!("fd={},rootmode=40000,user_id=0,group_id=0", dev.as_raw_fd());
+        let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+        let (src, target, fstype, data) = (
+            c("lookout-hung"),
+            c(mountpoint.to_str().expect("utf-8")),
+            c("fuse"),
+            c(&opts),
+        );
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount fuse: {}", std::io::Error::last_os_error());
+        HungFs {
+            mountpoint: mountpoint.to_owned(),
+            dev: Some(dev),
+        }
+    }
+}
+
+impl Drop for HungFs {
+    fn drop(&mut self) {
+        // Closing the device aborts the connection: every waiter gets
+        // ENOTCONN. Then the mount can go.
+        drop(self.dev.take());
+        let target = std::ffi::CString::new(self.mountpoint.to_str().unwrap_or_default())
+            .unwrap_or_default();
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_hung_file_system_holds_only_its_own_container() {
+    if !ready("hung_fs") || !Path::new("/dev/fuse").exists() {
+        if !Path::new("/dev/fuse").exists() {
+            lookout_testsupport::skip("hung_fs", "/dev/fuse is missing");
+        }
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&rt, &["--answer-deadline", "3s"]);
+    // N.B. declared before the mount, so dropped after it: a process stuck
+    // in the hung file system cannot even be killed until the mount's
+    // connection is aborted.
+    let hung_create: KillOnDrop;
+    let hung = HungFs::mount(&dir.path().join("hung"));
+    // A bundle on the hung file system: reading its config.json hangs.
+    // Through `sh -c exec`: spawn() itself would wait for the held exec.
+    let hung_id = id("hung-bundle");
+    hung_create = KillOnDrop(
+        Command::new("/bin/sh")
+            .args(["-c", "exec \"$0\" create --bundle \"$1\" \"$2\""])
+            .arg(&rt.path)
+            .arg(hung.mountpoint.join("b"))
+            .arg(&hung_id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("runc create on the hung file system"),
+    );
+    // That create is now held while its config.json read hangs.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(
+        &agent.metrics(),
+        "lookout_permission_oldest_unanswered_seconds",
+    )
+    .unwrap_or(0.0)
+        <= 0.0
+    {
+        assert!(Instant::now() < deadline, "the hung create was never held");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Another container meanwhile: not held up by the hung read (the
+    // deadline is 3 s).
+    let good = id("beside-hung");
+    let b = bundle::busybox(&dir.path().join("good"), &["true"], |_| {});
+    let t = Instant::now();
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &good]);
+    rt.ok(&["start", &good]);
+    agent.wait_event(&good, "added", Duration::from_secs(5));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "a container beside a hung read took {took:?}"
+    );
+    assert_eq!(http_get(&agent.addr(), "/healthz").0, 200);
+    // The hung one is let go at its deadline, with the reason logged.
+    agent.wait_log("not read within the deadline", Duration::from_secs(10));
+    drop(hung);
+    drop(hung_create);
+    rt.cleanup(&good);
+    rt.cleanup(&hung_id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}

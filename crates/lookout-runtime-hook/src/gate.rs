@@ -38,7 +38,6 @@ pub(crate) enum Exec {
         pid: u32,
         inv: Box<Invocation>,
         perm: Held,
-        since: Instant,
     },
     /// fanotify-only mode: an exec that was allowed without argv; the task
     /// reads it from /proc once the new image runs.
@@ -67,12 +66,15 @@ pub(crate) struct Unseen {
 pub(crate) struct Held {
     perm: Permission,
     _slot: Option<Slot>,
+    /// When the event was read, for the answer-latency metric.
+    since: Instant,
+    shared: Arc<Shared>,
 }
 
 impl Held {
-    /// Allows the exec.
+    /// Allows the exec and records how long it waited.
     pub fn allow(self) {
-        answer(self.perm);
+        self.shared.answer(self.perm, self.since);
     }
 }
 
@@ -473,8 +475,9 @@ impl Worker {
                     perm: Held {
                         perm,
                         _slot: self.shared.outstanding.enter(since),
+                        since,
+                        shared: Arc::clone(&self.shared),
                     },
-                    since,
                 };
                 // A closed channel (shutting down) hands the message back:
                 // dropping it allows the exec.

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::gate::{Exec, Gate, Held, Shared, Unseen};
-use crate::oci::{OciConfig, read_config_within};
+use crate::oci::OciConfig;
 use crate::state::{default_root, read_pid_file_under, read_state_under};
 use crate::{Error, pidfd, proc};
 
@@ -166,6 +166,26 @@ enum Notice {
     Foreign { pid: u32 },
     /// The init process of a tracked container exited.
     Exited(String, u32),
+    /// A `create`/`run`'s config.json was read (or not) off the task; its
+    /// exec, still held when `perm` is set, goes on once it is noted.
+    CreateRead(Box<CreateRead>),
+    /// A pending container's pid was read (or not) off the task; the
+    /// `start` execs waiting for its report go on after it.
+    PidRead {
+        id: String,
+        pending: Pending,
+        pid: Option<u32>,
+    },
+}
+
+/// A `create` or `run` whose config.json was being read.
+struct CreateRead {
+    pid: u32,
+    inv: Invocation,
+    perm: Option<Held>,
+    cwd: Option<PathBuf>,
+    bundle: Option<PathBuf>,
+    config: Option<OciConfig>,
 }
 
 /// What is known of a runtime exec whose argv could not be read: when has
@@ -229,6 +249,9 @@ pub struct RuntimeHook {
     late_readers: Arc<std::sync::atomic::AtomicUsize>,
     /// When the oldest entry of `unread` came.
     unread_since: Instant,
+    /// Pending containers whose pid is being read off the task, with the
+    /// `start` execs that wait for their report.
+    finalizing: HashMap<String, Vec<Held>>,
 }
 
 impl Drop for RuntimeHook {
@@ -308,6 +331,7 @@ impl RuntimeHook {
             unread: Vec::new(),
             late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             unread_since: Instant::now(),
+            finalizing: HashMap::new(),
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -393,10 +417,12 @@ impl RuntimeHook {
     }
 
     /// Containers in the state directories (the default roots and those
-    /// seen in argv) that are neither tracked nor pending.
+    /// seen in argv) that are neither tracked, pending nor being reported.
     fn scan_untracked(&self) -> Vec<Container> {
-        let (tracked, pending) = (&self.tracked, &self.pending);
-        let known = |id: &str| tracked.contains_key(id) || pending.contains_key(id);
+        let (tracked, pending, finalizing) = (&self.tracked, &self.pending, &self.finalizing);
+        let known = |id: &str| {
+            tracked.contains_key(id) || pending.contains_key(id) || finalizing.contains_key(id)
+        };
         crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &known)
     }
 
@@ -467,7 +493,7 @@ impl RuntimeHook {
             let due = self.reconcile_due();
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(x) = self.execs.recv() => self.on_exec(x, sink),
+                Some(x) = self.execs.recv() => self.on_exec(x),
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
                 // Several unread execs cost one scan; see `reconcile_due`.
                 () = due, if !self.unread.is_empty() => self.reconcile(sink),
@@ -491,17 +517,10 @@ impl RuntimeHook {
     }
 
     /// A runtime exec handed over by the permission thread.
-    fn on_exec(&mut self, exec: Exec, sink: &mut dyn Sink) {
+    fn on_exec(&mut self, exec: Exec) {
         match exec {
-            Exec::Command {
-                pid,
-                inv,
-                perm,
-                since,
-            } => {
-                self.on_invocation(pid, &inv, Some(perm), sink);
-                self.shared.answered(since);
-            }
+            // The answer's latency is recorded when it is given (`Held`).
+            Exec::Command { pid, inv, perm } => self.on_invocation(pid, &inv, Some(perm)),
             Exec::Unseen(u) => self.spawn_late_argv(u),
         }
     }
@@ -510,16 +529,9 @@ impl RuntimeHook {
     /// permission (answered here, after anything that must precede the
     /// exec), or `None` when the exec was already allowed (fanotify-only
     /// mode reads argv afterwards).
-    fn on_argv(
-        &mut self,
-        pid: u32,
-        binary: &str,
-        argv: &[String],
-        perm: Option<Held>,
-        sink: &mut dyn Sink,
-    ) {
+    fn on_argv(&mut self, pid: u32, binary: &str, argv: &[String], perm: Option<Held>) {
         match argv::parse(argv, binary) {
-            Ok(inv) => self.on_invocation(pid, &inv, perm, sink),
+            Ok(inv) => self.on_invocation(pid, &inv, perm),
             Err(e) => {
                 self.shared.error("argv");
                 tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
@@ -531,51 +543,66 @@ impl RuntimeHook {
     }
 
     /// Acts on a parsed runtime command line; `perm` as for `on_argv`.
-    fn on_invocation(
-        &mut self,
-        pid: u32,
-        inv: &Invocation,
-        perm: Option<Held>,
-        sink: &mut dyn Sink,
-    ) {
+    fn on_invocation(&mut self, pid: u32, inv: &Invocation, perm: Option<Held>) {
         match &inv.command {
             Command::Create(a) | Command::Run(a) => {
-                let id = a.id.clone();
-                self.on_create(pid, inv);
-                if let Some(perm) = perm {
-                    perm.allow();
-                }
-                if matches!(inv.command, Command::Create(_)) {
-                    self.spawn_exit_wait(pid, Notice::Created(id));
-                } else {
-                    self.spawn_state_wait(inv, id, pid);
-                }
+                // config.json is read off this task (a hung file system
+                // holds only this exec, for at most the deadline); the
+                // exec goes on once it is noted (`Notice::CreateRead`).
+                let cwd = proc::cwd(pid);
+                let bundle = inv.bundle(cwd.as_deref());
+                let read = bundle.clone().map(|b| {
+                    crate::oci::read_config_async(
+                        self.config.host_root.clone(),
+                        b,
+                        a.config.clone(),
+                        self.config.answer_deadline,
+                    )
+                });
+                let (tx, shared, id) = (
+                    self.notices_tx.clone(),
+                    Arc::clone(&self.shared),
+                    a.id.clone(),
+                );
+                let inv = inv.clone();
+                tokio::spawn(async move {
+                    let config = match read {
+                        Some(read) => read
+                            .await
+                            .map_err(|e| {
+                                shared.error("config");
+                                tracing::warn!(id, %e, "cannot read the container's config");
+                            })
+                            .ok(),
+                        None => None,
+                    };
+                    let notice = Notice::CreateRead(Box::new(CreateRead {
+                        pid,
+                        inv,
+                        perm,
+                        cwd,
+                        bundle,
+                        config,
+                    }));
+                    // A closed channel (shutting down) drops the notice:
+                    // dropping its permission allows the exec.
+                    let _ = tx.send(notice).await;
+                });
             }
             Command::Start { id } => {
                 // The container is still `created`: report it before its
                 // process may run.
                 let id = id.clone();
+                if let Some(waiting) = self.finalizing.get_mut(&id) {
+                    // Its pid is being read: go on after the report.
+                    waiting.extend(perm);
+                    return;
+                }
                 if self.pending.contains_key(&id) {
-                    self.finalize(&id, None, sink);
+                    self.begin_finalize(&id, perm);
+                    return;
                 }
-                let Some(perm) = perm else { return };
-                match self.config.start_barrier.as_ref().and_then(|b| b.wait(&id)) {
-                    // Wait on a task: other runtime execs go on meanwhile.
-                    Some(barrier) => {
-                        let cap = self.config.start_barrier_cap;
-                        tokio::spawn(async move {
-                            if tokio::time::timeout(cap, barrier).await.is_err() {
-                                tracing::warn!(
-                                    id,
-                                    ?cap,
-                                    "start did not wait longer for the container's prestart hooks"
-                                );
-                            }
-                            perm.allow();
-                        });
-                    }
-                    None => perm.allow(),
-                }
+                self.release_start(id, perm);
             }
             Command::Delete { .. } | Command::ReExec | Command::Other(_) => {
                 if let Some(perm) = perm {
@@ -585,27 +612,66 @@ impl RuntimeHook {
         }
     }
 
-    fn on_create(&mut self, tid: u32, inv: &Invocation) {
+    /// Lets `start` of container `id` go on, after its prestart hooks (the
+    /// start barrier), waiting on a task so that other execs go on.
+    fn release_start(&self, id: String, perm: Option<Held>) {
+        let Some(perm) = perm else { return };
+        match self.config.start_barrier.as_ref().and_then(|b| b.wait(&id)) {
+            Some(barrier) => {
+                let cap = self.config.start_barrier_cap;
+                tokio::spawn(async move {
+                    if tokio::time::timeout(cap, barrier).await.is_err() {
+                        tracing::warn!(
+                            id,
+                            ?cap,
+                            "start did not wait longer for the container's prestart hooks"
+                        );
+                    }
+                    perm.allow();
+                });
+            }
+            None => perm.allow(),
+        }
+    }
+
+    /// A `create`/`run` whose config.json was read: remember the container,
+    /// let the exec go on, and watch for what it makes.
+    fn on_create_read(&mut self, r: CreateRead) {
+        let CreateRead {
+            pid,
+            inv,
+            perm,
+            cwd,
+            bundle,
+            config,
+        } = r;
+        let id = match &inv.command {
+            Command::Create(a) | Command::Run(a) => a.id.clone(),
+            _ => return,
+        };
+        self.on_create(&inv, cwd, bundle, config);
+        if let Some(perm) = perm {
+            perm.allow();
+        }
+        if matches!(inv.command, Command::Create(_)) {
+            self.spawn_exit_wait(pid, Notice::Created(id));
+        } else {
+            self.spawn_state_wait(&inv, id, pid);
+        }
+    }
+
+    fn on_create(
+        &mut self,
+        inv: &Invocation,
+        cwd: Option<PathBuf>,
+        bundle: Option<PathBuf>,
+        config: Option<OciConfig>,
+    ) {
         let (args, status) = match &inv.command {
             Command::Create(a) => (a, Status::Created),
             Command::Run(a) => (a, Status::Running),
             _ => return,
         };
-        let cwd = proc::cwd(tid);
-        let bundle = inv.bundle(cwd.as_deref());
-        let config = bundle.as_ref().and_then(|b| {
-            read_config_within(
-                &self.config.host_root,
-                b,
-                args.config.as_deref(),
-                self.config.answer_deadline,
-            )
-            .map_err(|e| {
-                self.shared.error("config");
-                tracing::warn!(id = args.id, %e, "cannot read the container's config");
-            })
-            .ok()
-        });
         let root = inv
             .root
             .clone()
@@ -719,15 +785,23 @@ impl RuntimeHook {
     fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
         match n {
             Notice::Created(id) => {
-                if self.pending.contains_key(&id) {
-                    self.finalize(&id, None, sink);
+                if self.pending.contains_key(&id) && !self.finalizing.contains_key(&id) {
+                    self.begin_finalize(&id, None);
+                }
+            }
+            Notice::CreateRead(r) => self.on_create_read(*r),
+            Notice::PidRead { id, pending, pid } => {
+                let waiting = self.finalizing.remove(&id).unwrap_or_default();
+                self.complete(&id, pending, pid, None, sink);
+                for perm in waiting {
+                    self.release_start(id.clone(), Some(perm));
                 }
             }
             Notice::LateArgv { pid, binary, argv } => {
                 if self.capture.is_some() {
                     self.shared.error("argv-late");
                 }
-                self.on_argv(pid, &binary, &argv, None, sink)
+                self.on_argv(pid, &binary, &argv, None)
             }
             Notice::Foreign { pid } => {
                 self.shared.ignored("non-root");
@@ -782,9 +856,9 @@ impl RuntimeHook {
                 }
             }
             Notice::Observed(obs) => {
-                if self.pending.contains_key(&obs.id) {
-                    let id = obs.id.clone();
-                    self.finalize(&id, Some(obs), sink);
+                if let Some(p) = self.pending.remove(&obs.id) {
+                    let (id, pid) = (obs.id.clone(), obs.pid);
+                    self.complete(&id, p, Some(pid), Some(obs), sink);
                 }
             }
             Notice::Exited(id, pid) => {
@@ -804,19 +878,42 @@ impl RuntimeHook {
     /// Reports pending container `id`: its pid from `seen` (a `run`
     /// watcher that read the state while the container lived) or from the
     /// runtime's state / pid file now.
-    fn finalize(
+    /// Reads pending container `id`'s pid off the task, then reports it
+    /// (`Notice::PidRead`); `start` (when `perm` is set) and any later
+    /// `start` of the same id wait for the report.
+    fn begin_finalize(&mut self, id: &str, perm: Option<Held>) {
+        let Some(p) = self.pending.remove(id) else {
+            if let Some(perm) = perm {
+                perm.allow();
+            }
+            return;
+        };
+        self.finalizing
+            .insert(id.to_owned(), perm.into_iter().collect());
+        let read = self.read_pid(id, &p);
+        let (tx, id) = (self.notices_tx.clone(), id.to_owned());
+        tokio::spawn(async move {
+            let pid = read.await;
+            let _ = tx
+                .send(Notice::PidRead {
+                    id,
+                    pending: p,
+                    pid,
+                })
+                .await;
+        });
+    }
+
+    /// Reports pending container `id` with its `pid` (from a `run` watcher
+    /// that saw it alive, `seen`, or from the runtime's state / pid file).
+    fn complete(
         &mut self,
         id: &str,
+        p: Pending,
+        pid: Option<u32>,
         seen: Option<crate::run_watch::Observed>,
         sink: &mut dyn Sink,
     ) {
-        let Some(p) = self.pending.remove(id) else {
-            return;
-        };
-        let pid = match &seen {
-            Some(obs) => Some(obs.pid),
-            None => self.read_pid(id, &p),
-        };
         let Some(pid) = pid else { return };
         // The state names the init process; make sure it is one (a `run`
         // watcher saw it alive, in its own namespaces, already).
@@ -859,8 +956,12 @@ impl RuntimeHook {
     /// The pid of pending container `id`, from the runtime's state or its
     /// pid file, read on a helper thread for at most the answer deadline
     /// (a pid file on a hung file system costs this container that much,
-    /// and nobody else more).
-    fn read_pid(&self, id: &str, p: &Pending) -> Option<u32> {
+    /// and nobody else anything: the task goes on meanwhile).
+    fn read_pid(
+        &self,
+        id: &str,
+        p: &Pending,
+    ) -> impl std::future::Future<Output = Option<u32>> + use<> {
         let host_root = self.config.host_root.clone();
         let (runtime, root, pid_file) = (p.runtime.clone(), p.root.clone(), p.pid_file.clone());
         let owned_id = id.to_owned();
@@ -872,16 +973,23 @@ impl RuntimeHook {
                 None => Err(format!("no state ({e})")),
             },
         };
-        match crate::oci::bounded(self.config.answer_deadline, read) {
-            Ok(Ok(pid)) => Some(pid),
-            Ok(Err(why)) => {
-                tracing::debug!(id, why, "no pid: the create failed");
-                None
-            }
-            Err(why) => {
-                self.shared.error("state");
-                tracing::warn!(id, why, "cannot read the container's state or pid file");
-                None
+        let (deadline, shared, id) = (
+            self.config.answer_deadline,
+            Arc::clone(&self.shared),
+            id.to_owned(),
+        );
+        async move {
+            match crate::oci::bounded_async(deadline, read).await {
+                Ok(Ok(pid)) => Some(pid),
+                Ok(Err(why)) => {
+                    tracing::debug!(id, why, "no pid: the create failed");
+                    None
+                }
+                Err(why) => {
+                    shared.error("state");
+                    tracing::warn!(id, why, "cannot read the container's state or pid file");
+                    None
+                }
             }
         }
     }

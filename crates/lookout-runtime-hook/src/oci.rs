@@ -148,6 +148,58 @@ pub fn read_config_within(
     })
 }
 
+/// [`read_config_within`] without blocking the caller: the read runs on a
+/// helper thread (the same cap on stuck readers) and the returned future
+/// waits for it at most `deadline`.
+pub async fn read_config_async(
+    host_root: PathBuf,
+    bundle: PathBuf,
+    config: Option<PathBuf>,
+    deadline: std::time::Duration,
+) -> Result<OciConfig, Error> {
+    let path = bundle.join(config.as_deref().unwrap_or(Path::new("config.json")));
+    bounded_async(deadline, move || {
+        read_config_under(&host_root, &bundle, config.as_deref())
+    })
+    .await
+    .unwrap_or_else(|why| {
+        Err(Error::Config {
+            path,
+            reason: why.to_owned(),
+        })
+    })
+}
+
+/// [`bounded`] for async callers: the task is not blocked while the helper
+/// thread reads.
+pub(crate) async fn bounded_async<T: Send + 'static>(
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, &'static str> {
+    use std::sync::atomic::Ordering;
+    if STUCK_READERS.fetch_add(1, Ordering::AcqRel) >= MAX_STUCK_READERS {
+        STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+        return Err("skipped: earlier reads are still hung on their file systems");
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("lookout-config".into())
+        .spawn(move || {
+            let out = f();
+            STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+            let _ = tx.send(out);
+        });
+    if spawned.is_err() {
+        STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+        return Err("cannot start a reader thread");
+    }
+    match tokio::time::timeout(deadline, rx).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) => Err("the reader thread ended without an answer"),
+        Err(_) => Err("not read within the deadline (a hung file system?)"),
+    }
+}
+
 pub(crate) fn bounded<T: Send + 'static>(
     deadline: std::time::Duration,
     f: impl FnOnce() -> T + Send + 'static,
