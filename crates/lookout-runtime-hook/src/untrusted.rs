@@ -17,7 +17,8 @@
 //! What it cannot prevent alone is a file system that hangs (a dead NFS
 //! server, a stopped FUSE daemon): `open` or `read` then blocks in the
 //! kernel. Callers on a path that a runtime waits for run these reads on a
-//! helper thread bounded by the answer deadline ([`crate::oci::bounded`]).
+//! helper thread bounded by the answer deadline (see
+//! [`read_config_within`](crate::oci::read_config_within)).
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
