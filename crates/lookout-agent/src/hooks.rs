@@ -184,6 +184,88 @@ fn has_bind_mounts(config: &serde_json::Value) -> bool {
     })
 }
 
+/// Words in a name that mark its value as a secret.
+const SECRET_WORDS: [&str; 8] = [
+    "pass", "secret", "token", "key", "cred", "auth", "cert", "private",
+];
+
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|w| n.contains(w))
+}
+
+/// `args` with the values of secret-looking flags masked: `--password=x`,
+/// `PASSWORD=x`, and the argument after a bare `--token`.
+fn masked_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut mask_next = false;
+    for a in args {
+        if mask_next {
+            out.push("***".to_owned());
+            mask_next = false;
+            continue;
+        }
+        match a.split_once('=') {
+            Some((k, _)) if secret_name(k) => out.push(format!("{k}=***")),
+            Some(_) => out.push(a.clone()),
+            None => {
+                mask_next = a.starts_with('-') && secret_name(a);
+                out.push(a.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The Event note for a new container: what it is, never what it holds.
+/// config.json carries `process.env` (secrets injected as environment
+/// variables) and annotations (tokens, keys); a Node Event is readable by
+/// anyone who may list Events. So: id, runtime, Kubernetes identity, image,
+/// args with secret-looking values masked, environment variable *names*,
+/// annotation *keys*, hostname.
+fn summary(c: &lookout_model::Container, cfg: &serde_json::Value) -> String {
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut parts = vec![format!("container {} ({})", c.id, c.runtime)];
+    if let Some(k) = &c.kubernetes {
+        parts.push(format!(
+            "pod {}/{} container {}",
+            k.namespace.as_deref().unwrap_or("?"),
+            k.pod.as_deref().unwrap_or("?"),
+            k.container.as_deref().unwrap_or("?")
+        ));
+    }
+    let annotations = cfg["annotations"].as_object();
+    if let Some(image) = annotations
+        .and_then(|a| a.get("io.kubernetes.cri.image-name"))
+        .and_then(|v| v.as_str())
+    {
+        parts.push(format!("image {image}"));
+    }
+    if let Some(h) = cfg["hostname"].as_str() {
+        parts.push(format!("hostname {h}"));
+    }
+    parts.push(format!(
+        "args {:?}",
+        masked_args(&strings(&cfg["process"]["args"]))
+    ));
+    let env: Vec<String> = strings(&cfg["process"]["env"])
+        .into_iter()
+        .map(|e| e.split('=').next().unwrap_or_default().to_owned())
+        .collect();
+    parts.push(format!("env names {env:?}"));
+    let keys: Vec<&String> = annotations.map(|a| a.keys().collect()).unwrap_or_default();
+    parts.push(format!("annotation keys {keys:?}"));
+    parts.join("; ")
+}
+
 impl Dispatcher {
     fn dispatch(self: &Arc<Self>, event: &ContainerEvent) {
         let c = &event.container;
@@ -362,10 +444,7 @@ impl Dispatcher {
         use kube::runtime::events::{Event, EventType, Recorder, Reporter};
         let c = &e.container;
         let (reason, note) = match config {
-            Some(cfg) => (
-                "NewContainerConfig",
-                format!("container {} ({}): {}", c.id, c.runtime, cfg),
-            ),
+            Some(cfg) => ("NewContainerConfig", summary(c, cfg)),
             None => (
                 "ContainerConfigNotFound",
                 format!(
@@ -412,6 +491,58 @@ impl Dispatcher {
         };
         if let Err(err) = recorder.publish(&event, &node).await {
             tracing::warn!(id = c.id, %err, "posting the Kubernetes Event failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    #[test]
+    fn the_event_summary_keeps_no_secret() {
+        let mut c = lookout_model::Container::new("c1", lookout_model::RuntimeKind::Runc);
+        c.kubernetes = Some(lookout_model::Kubernetes {
+            namespace: Some("shop".into()),
+            pod: Some("cart-0".into()),
+            container: Some("cart".into()),
+            ..Default::default()
+        });
+        let cfg = serde_json::json!({
+            "hostname": "h1",
+            "process": {
+                "args": ["/app", "--password=hunter2", "--token", "t0k3n", "--port=80", "DB_SECRET=s3", "-v"],
+                "env": ["PATH=/bin", "PASSWORD=hunter3", "API_TOKEN=abc123"],
+            },
+            "annotations": {
+                "io.kubernetes.cri.image-name": "shop/cart:2",
+                "example.com/token": "tok-s3cr3t",
+            },
+        });
+        let s = summary(&c, &cfg);
+        for secret in [
+            "hunter2",
+            "t0k3n",
+            "s3\"",
+            "hunter3",
+            "abc123",
+            "tok-s3cr3t",
+        ] {
+            assert!(!s.contains(secret), "{secret} leaked: {s}");
+        }
+        for kept in [
+            "container c1 (runc)",
+            "pod shop/cart-0 container cart",
+            "image shop/cart:2",
+            "hostname h1",
+            "--port=80",
+            "--password=***",
+            "DB_SECRET=***",
+            "PASSWORD",
+            "API_TOKEN",
+            "example.com/token",
+        ] {
+            assert!(s.contains(kept), "{kept} missing: {s}");
         }
     }
 }

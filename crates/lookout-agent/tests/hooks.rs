@@ -358,6 +358,11 @@ fn new_containers_are_posted_as_kubernetes_events() {
     let id = id("k8s-event");
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |c| {
         c["hostname"] = serde_json::json!("event-host");
+        // Secrets as containers really carry them: injected env vars and
+        // annotations. None may reach the Event (readable by anyone who
+        // may list Events).
+        c["process"]["env"] = serde_json::json!(["PATH=/bin", "PASSWORD=hunter2-env"]);
+        c["annotations"] = serde_json::json!({"example.com/api-token": "tok-s3cr3t-annotation"});
     });
     rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
     agent.wait_event(&id, "added", Duration::from_secs(5));
@@ -387,8 +392,14 @@ fn new_containers_are_posted_as_kubernetes_events() {
     assert_eq!(event["reportingController"], "lookout");
     let note = event["note"].as_str().unwrap_or_default();
     assert!(
-        note.contains("event-host"),
-        "the config is in the note: {note}"
+        note.contains("event-host")
+            && note.contains("PASSWORD")
+            && note.contains("example.com/api-token"),
+        "the summary is in the note: {note}"
+    );
+    assert!(
+        !note.contains("hunter2-env") && !note.contains("tok-s3cr3t-annotation"),
+        "a secret reached the Event: {note}"
     );
     assert!(
         note.len() <= 1024,
