@@ -252,12 +252,20 @@ fn u64_at(buf: &[u8], off: usize) -> u64 {
 /// Every fd found in a metadata header is adopted at once (and, for a
 /// permission event, wrapped in a [`Permission`]) before anything else is
 /// checked, so that even a malformed buffer cannot leak an fd or leave a
-/// permission event unanswered. Events parsed before an error stay in `out`.
+/// permission event unanswered. An event with an unknown metadata version
+/// is handed out with an `info_error` and parsing goes on after it, so the
+/// events behind it are adopted too; only an event whose length cannot be
+/// trusted stops the parse (where the next one starts is then unknown).
+/// The first problem is returned; every event parsed stays in `out`.
 ///
 /// The buffer must come from `read(2)` on a fanotify fd: the fds in it are
 /// taken over (and eventually closed) by the returned events.
 pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> Result<(), Error> {
     let mut off = 0;
+    // The first problem found; parsing goes on past an event whose length
+    // can still be trusted, so that every later event's fd is adopted (and
+    // every permission event answered) too.
+    let mut first_error: Option<Error> = None;
     while off < buf.len() {
         let rest = &buf[off..];
         if rest.len() < METADATA_LEN {
@@ -298,25 +306,32 @@ pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> R
             info_error: None,
         };
 
-        if vers != libc::FANOTIFY_METADATA_VERSION {
-            out.push(event);
-            return Err(Error::Malformed {
-                offset: off,
-                reason: format!(
-                    "metadata version {vers}, expected {}",
-                    libc::FANOTIFY_METADATA_VERSION
-                ),
-            });
-        }
         if event_len < METADATA_LEN || event_len > rest.len() {
+            // Where the next event starts is unknown: stop here. (Guessing
+            // would risk "adopting", and closing, an fd that is not ours.)
             out.push(event);
-            return Err(Error::Malformed {
+            return Err(first_error.unwrap_or(Error::Malformed {
                 offset: off,
                 reason: format!(
                     "event_len {event_len} outside {METADATA_LEN}..={}",
                     rest.len()
                 ),
+            }));
+        }
+        if vers != libc::FANOTIFY_METADATA_VERSION {
+            // Its length is usable: hand it out (its fd answered) and go on.
+            let reason = format!(
+                "metadata version {vers}, expected {}",
+                libc::FANOTIFY_METADATA_VERSION
+            );
+            event.info_error = Some(reason.clone());
+            out.push(event);
+            first_error.get_or_insert(Error::Malformed {
+                offset: off,
+                reason,
             });
+            off += event_len;
+            continue;
         }
         if metadata_len < METADATA_LEN || metadata_len > event_len {
             event.info_error = Some(format!("metadata_len {metadata_len} out of range"));
@@ -326,7 +341,10 @@ pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> R
         out.push(event);
         off += event_len;
     }
-    Ok(())
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 fn parse_info(mut buf: &[u8], out: &mut Vec<InfoRecord>) -> Result<(), String> {
@@ -523,6 +541,29 @@ mod tests {
         let mut out = Vec::new();
         parse(&buf, &group(), &mut out).expect("the event itself is valid");
         assert!(out[0].info_error().is_some());
+    }
+
+    #[test]
+    fn events_after_one_with_a_bad_version_are_still_adopted() {
+        let fds: Vec<i32> = (0..2)
+            .map(|_| {
+                let raw = OwnedFd::from(std::fs::File::open("/dev/null").expect("open"));
+                let n = raw.as_raw_fd();
+                std::mem::forget(raw); // ownership moves into the parsed events
+                n
+            })
+            .collect();
+        let mut buf = metadata(24, 24, libc::FAN_OPEN, fds[0], 1);
+        buf[4] = 99; // a metadata version we do not know
+        buf.extend_from_slice(&metadata(24, 24, libc::FAN_OPEN, fds[1], 2));
+        let mut out = Vec::new();
+        let err = parse(&buf, &group(), &mut out).expect_err("version 99");
+        assert!(matches!(err, Error::Malformed { offset: 0, .. }), "{err}");
+        assert_eq!(out.len(), 2, "the event after the bad one is parsed too");
+        assert_eq!(out[0].fd().map(|f| f.as_raw_fd()), Some(fds[0]));
+        assert!(out[0].info_error().is_some());
+        assert_eq!(out[1].fd().map(|f| f.as_raw_fd()), Some(fds[1]));
+        assert_eq!(out[1].pid(), 2);
     }
 
     #[test]
