@@ -204,6 +204,14 @@ fn the_cluster_role_allows_exactly_what_the_agent_does() {
     for verb in ["create", "patch"] {
         assert!(allows("events.k8s.io", "events", verb), "events {verb}");
     }
+    assert!(
+        !allows("", "events", "create"),
+        "events only through events.k8s.io"
+    );
+    assert!(
+        !allows("events.k8s.io", "events", "delete"),
+        "no deleting Events"
+    );
     assert!(!allows("", "pods", "delete"), "read-only on pods");
     assert!(!allows("", "secrets", "get"), "no secrets");
 }
