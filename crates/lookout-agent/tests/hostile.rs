@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lookout_testsupport::{User, bundle, unprivileged_user};
@@ -13,16 +13,6 @@ use serde_json::Value;
 
 mod common;
 use common::*;
-
-/// Kills (and reaps) a child when dropped, also when the test panics.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Root, runc, busybox and the unprivileged user, or a loud skip.
 fn attacker(test: &str) -> Option<User> {

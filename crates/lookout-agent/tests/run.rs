@@ -915,17 +915,6 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     let _ = child.0.wait();
 }
 
-/// Kills a raw child agent even when the test panics, so a failed test
-/// leaves no agent marking the runtimes behind.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn health_readiness_and_metrics_endpoints() {
     if !ready("endpoints") {

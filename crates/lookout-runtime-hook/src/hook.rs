@@ -249,6 +249,8 @@ pub struct RuntimeHook {
     late_readers: Arc<std::sync::atomic::AtomicUsize>,
     /// When the oldest entry of `unread` came.
     unread_since: Instant,
+    /// When the last reconciliation ran.
+    last_reconcile: Instant,
     /// Pending containers whose pid is being read off the task, with the
     /// `start` execs that wait for their report.
     finalizing: HashMap<String, Vec<Held>>,
@@ -289,6 +291,8 @@ const MAX_LEARNED_ROOTS: usize = 64;
 const RECONCILE_AGAIN: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
 /// The longest a reconciliation waits for busy argv readers.
 const RECONCILE_SETTLE: Duration = Duration::from_secs(1);
+/// The shortest time between two reconciliations.
+const RECONCILE_MIN_GAP: Duration = Duration::from_millis(100);
 
 impl RuntimeHook {
     /// Loads the BPF programs (if given), creates the group and marks the
@@ -331,6 +335,7 @@ impl RuntimeHook {
             unread: Vec::new(),
             late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             unread_since: Instant::now(),
+            last_reconcile: Instant::now(),
             finalizing: HashMap::new(),
         };
         let binaries = hook.config.binaries.clone();
@@ -439,12 +444,17 @@ impl RuntimeHook {
         } else {
             Instant::now()
         };
+        // An exec flood (anyone may exec a runtime, and such execs end
+        // before they are read) must not turn into back-to-back scans on
+        // this task.
+        let at = at.max(self.last_reconcile + RECONCILE_MIN_GAP);
         tokio::time::sleep_until(at.into())
     }
 
     /// fanotify-only mode: after runtime execs whose argv could not be
     /// read, reports what the state directories hold that nobody reported.
     fn reconcile(&mut self, sink: &mut dyn Sink) {
+        self.last_reconcile = Instant::now();
         let unread = std::mem::take(&mut self.unread);
         for c in self.scan_untracked() {
             let Some(pid) = c.pid else { continue };

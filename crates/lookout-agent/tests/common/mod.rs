@@ -195,6 +195,17 @@ pub fn metric(page: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Kills and reaps a child when dropped, also when the test panics, so
+/// that a failed test leaves no agent or attacker process behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn ready(test: &str) -> bool {
     require_root(test) && require_program(test, "runc") && require_program(test, "busybox")
 }
