@@ -176,17 +176,36 @@ impl Devices {
         Ok(index)
     }
 
+    /// The slot width.
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
     /// Puts `identity` in a given slot (a restore).
     pub(crate) fn pin(&mut self, identity: DeviceIdentity, index: u32) -> Result<(), Error> {
-        match self.slots.get(&index) {
-            Some(other) if *other != identity => Err(Error::Conflict(format!(
+        self.pin_conflict(&identity, index)
+            .map_or(Ok(()), |c| Err(Error::Conflict(c)))?;
+        self.slots.insert(index, identity.clone());
+        self.by_identity.insert(identity, index);
+        Ok(())
+    }
+
+    /// Why `identity` cannot be pinned to `index`, if it cannot.
+    pub(crate) fn pin_conflict(&self, identity: &DeviceIdentity, index: u32) -> Option<String> {
+        if u64::from(index) >= 1u64 << self.bits {
+            return Some(format!(
+                "device slot {index} does not fit in {} bits",
+                self.bits
+            ));
+        }
+        match (self.slots.get(&index), self.by_identity.get(identity)) {
+            (Some(other), _) if other != identity => Some(format!(
                 "device slot {index} belongs to {other}, the snapshot gives it to {identity}"
-            ))),
-            _ => {
-                self.slots.insert(index, identity.clone());
-                self.by_identity.insert(identity, index);
-                Ok(())
-            }
+            )),
+            (_, Some(at)) if *at != index => Some(format!(
+                "{identity} has slot {at} here, slot {index} in the snapshot"
+            )),
+            _ => None,
         }
     }
 

@@ -51,7 +51,10 @@ pub use device::{DeviceIdentity, DeviceSlot, Devices, VIRTUAL_MAJOR, probe_devic
 pub use map::{
     FALLBACK_BASE, FileKey, InodeMap, IntHasher, Limits, Mapped, Mode, Overflow, Stamp, Stats,
 };
-pub use snapshot::{ConflictPolicy, RestoreReport, SNAPSHOT_VERSION, SavedEntry, Snapshot};
+pub use snapshot::{
+    ConflictPolicy, DEFAULT_MAX_SNAPSHOT_BYTES, MAX_COUNTER_SPAN, MAX_IDENTITY_LEN, RestoreReport,
+    SNAPSHOT_VERSION, SavedEntry, Snapshot, SnapshotError,
+};
 
 use std::path::PathBuf;
 
@@ -84,9 +87,9 @@ pub enum Error {
     /// A restore conflict under [`ConflictPolicy::Fail`].
     #[error("restore conflict: {0}")]
     Conflict(String),
-    /// A snapshot that cannot be used.
+    /// A snapshot that cannot be used: which defect.
     #[error("snapshot: {0}")]
-    Snapshot(String),
+    Snapshot(SnapshotError),
     /// Reading or writing a snapshot failed.
     #[error("snapshot I/O: {0}")]
     SnapshotIo(std::io::Error),

@@ -202,8 +202,8 @@ pub struct InodeMap {
     pub(crate) next: u64,
     pub(crate) next_fallback: u64,
     pub(crate) tombstones: IntMap<u64, ()>,
-    released: VecDeque<(u32, u64)>,
-    limits: Limits,
+    pub(crate) released: VecDeque<(u32, u64)>,
+    pub(crate) limits: Limits,
     pub(crate) stats: Stats,
 }
 
@@ -310,7 +310,7 @@ impl InodeMap {
         }
     }
 
-    fn fresh(&mut self, fallback: bool) -> u64 {
+    pub(crate) fn fresh(&mut self, fallback: bool) -> u64 {
         if fallback {
             self.stats.fallbacks += 1;
             let n = self.next_fallback;
@@ -409,7 +409,7 @@ impl InodeMap {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.values().map(HashMap::len).sum::<usize>() + self.owners.len()
     }
 
