@@ -50,6 +50,9 @@ impl HookSettings {
 pub struct Events {
     pub client: kube::Client,
     pub node: String,
+    /// `--k8s-events-unsafe-values`: the note also carries environment
+    /// variable and annotation values (see [`summary`]).
+    pub unsafe_values: bool,
 }
 
 /// The k8s limit on an Event's note.
@@ -223,7 +226,11 @@ fn masked_args(args: &[String]) -> Vec<String> {
 /// anyone who may list Events. So: id, runtime, Kubernetes identity, image,
 /// args with secret-looking values masked, environment variable *names*,
 /// annotation *keys*, hostname.
-fn summary(c: &lookout_model::Container, cfg: &serde_json::Value) -> String {
+///
+/// With `unsafe_values` (`--k8s-events-unsafe-values`, an operator's
+/// explicit choice) the environment and annotations are copied whole,
+/// values and all; args stay masked.
+fn summary(c: &lookout_model::Container, cfg: &serde_json::Value, unsafe_values: bool) -> String {
     let strings = |v: &serde_json::Value| -> Vec<String> {
         v.as_array()
             .map(|a| {
@@ -256,13 +263,26 @@ fn summary(c: &lookout_model::Container, cfg: &serde_json::Value) -> String {
         "args {:?}",
         masked_args(&strings(&cfg["process"]["args"]))
     ));
-    let env: Vec<String> = strings(&cfg["process"]["env"])
-        .into_iter()
-        .map(|e| e.split('=').next().unwrap_or_default().to_owned())
-        .collect();
-    parts.push(format!("env names {env:?}"));
-    let keys: Vec<&String> = annotations.map(|a| a.keys().collect()).unwrap_or_default();
-    parts.push(format!("annotation keys {keys:?}"));
+    let env = strings(&cfg["process"]["env"]);
+    if unsafe_values {
+        parts.push(format!("env {env:?}"));
+        let all: Vec<(&String, &str)> = annotations
+            .map(|a| {
+                a.iter()
+                    .map(|(k, v)| (k, v.as_str().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        parts.push(format!("annotations {all:?}"));
+    } else {
+        let names: Vec<&str> = env
+            .iter()
+            .map(|e| e.split('=').next().unwrap_or_default())
+            .collect();
+        parts.push(format!("env names {names:?}"));
+        let keys: Vec<&String> = annotations.map(|a| a.keys().collect()).unwrap_or_default();
+        parts.push(format!("annotation keys {keys:?}"));
+    }
     parts.join("; ")
 }
 
@@ -444,7 +464,7 @@ impl Dispatcher {
         use kube::runtime::events::{Event, EventType, Recorder, Reporter};
         let c = &e.container;
         let (reason, note) = match config {
-            Some(cfg) => ("NewContainerConfig", summary(c, cfg)),
+            Some(cfg) => ("NewContainerConfig", summary(c, cfg, ev.unsafe_values)),
             None => (
                 "ContainerConfigNotFound",
                 format!(
@@ -519,7 +539,7 @@ mod summary_tests {
                 "example.com/token": "tok-s3cr3t",
             },
         });
-        let s = summary(&c, &cfg);
+        let s = summary(&c, &cfg, false);
         for secret in [
             "hunter2",
             "t0k3n",
@@ -544,5 +564,28 @@ mod summary_tests {
         ] {
             assert!(s.contains(kept), "{kept} missing: {s}");
         }
+    }
+
+    #[test]
+    fn unsafe_values_add_env_and_annotation_values_and_still_mask_args() {
+        let c = lookout_model::Container::new("c1", lookout_model::RuntimeKind::Runc);
+        let cfg = serde_json::json!({
+            "process": {
+                "args": ["/app", "--password=hunter2"],
+                "env": ["PATH=/bin", "PASSWORD=hunter3"],
+            },
+            "annotations": {"example.com/token": "tok-s3cr3t"},
+        });
+        let s = summary(&c, &cfg, true);
+        for kept in [
+            "PASSWORD=hunter3",
+            "PATH=/bin",
+            "example.com/token",
+            "tok-s3cr3t",
+            "--password=***",
+        ] {
+            assert!(s.contains(kept), "{kept} missing: {s}");
+        }
+        assert!(!s.contains("hunter2"), "args are masked: {s}");
     }
 }

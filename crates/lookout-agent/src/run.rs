@@ -105,6 +105,10 @@ pub struct RunArgs {
     /// new container.
     #[arg(long)]
     k8s_events: bool,
+    /// UNSAFE: Event notes also carry environment variable and annotation
+    /// values (secrets), readable by anyone who may list Events.
+    #[arg(long)]
+    k8s_events_unsafe_values: bool,
 }
 
 /// Runtime paths are host paths: a relative one would be resolved against
@@ -370,10 +374,19 @@ async fn run_async(
     };
     let events = if args.k8s_events {
         match (kube.client(&args).await, &args.node_name) {
-            (Ok(client), Some(node)) => Some(Events {
-                client,
-                node: node.clone(),
-            }),
+            (Ok(client), Some(node)) => {
+                if args.k8s_events_unsafe_values {
+                    tracing::warn!(
+                        "--k8s-events-unsafe-values: Event notes carry environment variable and \
+                         annotation values, secrets included; anyone who may list Events can read them"
+                    );
+                }
+                Some(Events {
+                    client,
+                    node: node.clone(),
+                    unsafe_values: args.k8s_events_unsafe_values,
+                })
+            }
             (Err(e), _) => {
                 tracing::warn!("--k8s-events: no cluster: {e:#}");
                 None

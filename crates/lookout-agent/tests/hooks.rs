@@ -337,6 +337,43 @@ fn hooks_for_containers_found_late_say_so_in_the_state() {
     let _ = agent.stop();
 }
 
+/// The Event the agent posted to `server` about container `id`.
+fn wait_k8s_event(server: &ApiServer, agent: &Agent, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = server
+            .events()
+            .into_iter()
+            .find(|e| e["note"].as_str().is_some_and(|n| n.contains(id)));
+        if let Some(e) = found {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Event posted: {:?}\n{}",
+            server.requests(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An agent that posts Events to `server`, with `extra` flags.
+fn events_agent(rt: &Runtime, server: &ApiServer, dir: &Path, extra: &[&str]) -> Agent {
+    let kubeconfig = server.kubeconfig(dir);
+    let mut args = vec!["--k8s-events", "--fallback-informer=false"];
+    args.extend_from_slice(extra);
+    Agent::start_with(
+        Some(rt),
+        &args,
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        None,
+    )
+}
+
 #[test]
 fn new_containers_are_posted_as_kubernetes_events() {
     if !ready("k8s_events") {
@@ -367,23 +404,7 @@ fn new_containers_are_posted_as_kubernetes_events() {
     rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
     agent.wait_event(&id, "added", Duration::from_secs(5));
     rt.cleanup(&id);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let event = loop {
-        let found = server
-            .events()
-            .into_iter()
-            .find(|e| e["note"].as_str().is_some_and(|n| n.contains(&id)));
-        if let Some(e) = found {
-            break e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no Event posted: {:?}\n{}",
-            server.requests(),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let event = wait_k8s_event(&server, &agent, &id);
     assert_eq!(event["apiVersion"], "events.k8s.io/v1");
     assert_eq!(event["reason"], "NewContainerConfig");
     assert_eq!(event["type"], "Normal");
@@ -406,6 +427,42 @@ fn new_containers_are_posted_as_kubernetes_events() {
         "k8s limits notes to 1 kB: {}",
         note.len()
     );
+    let (status, _) = agent.stop();
+    assert!(status.success());
+}
+
+#[test]
+fn with_unsafe_values_the_event_note_carries_env_and_annotation_values() {
+    if !ready("k8s_events_unsafe") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = events_agent(&rt, &server, dir.path(), &["--k8s-events-unsafe-values"]);
+    let id = id("k8s-unsafe");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |c| {
+        c["process"]["env"] = serde_json::json!(["PATH=/bin", "PASSWORD=hunter2"]);
+        c["annotations"] = serde_json::json!({"example.com/api-token": "tok-s3cr3t-annotation"});
+    });
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    agent.wait_event(&id, "added", Duration::from_secs(5));
+    rt.cleanup(&id);
+    let event = wait_k8s_event(&server, &agent, &id);
+    let note = event["note"].as_str().unwrap_or_default();
+    // The opt-in works (new_containers_are_posted_as_kubernetes_events
+    // shows the default hides both).
+    assert!(
+        note.contains("PASSWORD=hunter2") && note.contains("tok-s3cr3t-annotation"),
+        "values missing: {note}"
+    );
+    assert!(note.len() <= 1024, "{}", note.len());
+    let log = agent.log();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("--k8s-events-unsafe-values"))
+        .count();
+    assert_eq!(warned, 1, "one warning at start-up: {log}");
     let (status, _) = agent.stop();
     assert!(status.success());
 }
