@@ -9,7 +9,10 @@
 //! ```
 //!
 //! Modes: `passthrough`, `xino`, `allocated`, `hashed`. `--snapshot FILE`
-//! is read at start (if it exists) and written at unmount.
+//! is read at start (if it exists) and written at unmount, both with
+//! [`Snapshot::read_file`] and [`Snapshot::write_file`]: a symlink at that
+//! path is never followed (at start it is an error; at unmount it is
+//! replaced by the new file).
 //!
 //! N.B. FUSE presents one `st_dev` for the whole mount, so what tells
 //! devices apart is the inode number alone: Xino, Allocated and Hashed are
@@ -21,65 +24,213 @@
 //! entry (in Passthrough and Xino, the entry's number comes from `d_ino`;
 //! mount points, whose `d_ino` is the covered directory's, are the
 //! exception and are stat'ed).
+//!
+//! # A tree someone else writes to
+//!
+//! The served tree may belong to a hostile user (a pod's volume on a shared
+//! node), who can swap any name for a symlink at any moment, for example
+//! between the kernel's `LOOKUP` of a file and its `OPEN`. So the server
+//! never resolves a host path by name from `/`:
+//!
+//! - the root is held as an `O_PATH` fd, and each node as an `O_PATH` fd of
+//!   its own file, opened relative to its parent's fd with `openat2(2)`,
+//!   `O_NOFOLLOW` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//!   RESOLVE_NO_MAGICLINKS` (a single component, never `..`);
+//! - `getattr` (`statx(AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`), `readlink`
+//!   (`readlinkat(fd, "")`) and listings work on those fds;
+//! - `open` opens the node's name again in its parent's fd the same way,
+//!   and checks that it is still the node's file: a name now holding a
+//!   symlink or another file gets `ESTALE` (the kernel then looks the name
+//!   up again, and resolves a symlink itself, in the client's namespace);
+//! - symlinks are served as symlinks and never followed by the server.
+//!
+//! The kernel counts its references to each node (`LOOKUP` adds one,
+//! `FORGET` takes some away); a node whose count reaches zero closes its
+//! fds and is released in the map ([`InodeMap::release`]), which may then
+//! evict it first. The root's `trusted.stablefs.nodes` attribute is the
+//! number of live nodes (the root excluded).
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
     MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
 use lookout_inode_map::{
-    ConflictPolicy, FileKey, InodeMap, Limits, Mode, Overflow, Snapshot, Stamp, probe_device,
+    ConflictPolicy, FileKey, InodeMap, Limits, Mapped, Mode, Overflow, Snapshot, Stamp,
+    probe_device,
 };
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 
 const TTL: Duration = Duration::from_secs(1);
 
-struct Listing {
-    entries: Vec<(u64, FileType, std::ffi::OsString)>,
+/// The device the map gave a file (FUSE shows one `st_dev` per mount).
+const DEV_XATTR: &str = "trusted.stablefs.dev";
+/// On the root: the number of live nodes, the root excluded.
+const NODES_XATTR: &str = "trusted.stablefs.nodes";
+
+/// Opens `name`, one component, in the directory `dir` without following
+/// any symlink and without leaving `dir`.
+fn open_beneath(dir: BorrowedFd<'_>, name: &CStr, flags: OFlag) -> Result<OwnedFd, Errno> {
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let how = OpenHow::new().flags(flags).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    match nix::fcntl::openat2(dir, name, how) {
+        Ok(fd) => Ok(fd),
+        // Kernels before 5.6: `name` is a single component other than
+        // `..`, so O_NOFOLLOW alone keeps `openat` inside `dir`.
+        Err(nix::errno::Errno::ENOSYS) => {
+            nix::fcntl::openat(dir, name, flags, nix::sys::stat::Mode::empty())
+                .map_err(|e| Errno::from_i32(e as i32))
+        }
+        Err(e) => Err(Errno::from_i32(e as i32)),
+    }
 }
 
-struct State {
-    map: InodeMap,
-    /// Node id (the presented number) -> path relative to the root.
-    nodes: HashMap<u64, PathBuf>,
-    devs: HashSet<u64>,
-    open_files: HashMap<u64, std::fs::File>,
-    listings: HashMap<u64, Listing>,
-    next_fh: u64,
+/// A name the kernel asked for, as one path component (never `.`, `..`
+/// or anything with a `/`).
+fn component(name: &OsStr) -> Result<CString, Errno> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    CString::new(b).map_err(|_| Errno::EINVAL)
 }
 
-struct StableFs {
-    root: PathBuf,
-    /// Host mount points under the root (their `d_ino` is not their inode).
-    mountpoints: HashSet<PathBuf>,
-    snapshot: Option<PathBuf>,
-    state: Mutex<State>,
+/// `statx` of a host file, never following a symlink.
+struct HostStat(libc::statx);
+
+impl HostStat {
+    /// `name` (one component) in the directory `dir`, or the file `dir`
+    /// itself when `name` is empty.
+    fn at(dir: BorrowedFd<'_>, name: &CStr) -> Result<HostStat, Errno> {
+        let mut flags =
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_AS_STAT;
+        if name.is_empty() {
+            flags |= libc::AT_EMPTY_PATH;
+        }
+        // SAFETY: an all-zero statx is a valid value for the kernel to fill.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: `dir` is an open fd, `name` is NUL-terminated and `stx`
+        // is a valid out-pointer.
+        let rc = unsafe {
+            libc::statx(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags,
+                libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+                &mut stx,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(HostStat(stx))
+    }
+
+    fn of(fd: BorrowedFd<'_>) -> Result<HostStat, Errno> {
+        HostStat::at(fd, c"")
+    }
+
+    fn key(&self) -> FileKey {
+        FileKey {
+            dev: libc::makedev(self.0.stx_dev_major, self.0.stx_dev_minor),
+            ino: self.0.stx_ino,
+        }
+    }
+
+    fn mode(&self) -> u32 {
+        u32::from(self.0.stx_mode)
+    }
+
+    fn kind(&self) -> FileType {
+        kind_of(self.mode())
+    }
+
+    fn stamp(&self) -> Stamp {
+        let t = if self.0.stx_mask & libc::STATX_BTIME != 0 {
+            self.0.stx_btime
+        } else {
+            self.0.stx_ctime
+        };
+        Stamp::new(t.tv_sec, t.tv_nsec, self.mode())
+    }
+
+    fn attr(&self, ino: u64) -> FileAttr {
+        let s = &self.0;
+        let t = |t: libc::statx_timestamp| {
+            UNIX_EPOCH + Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec)
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size: s.stx_size,
+            blocks: s.stx_blocks,
+            atime: t(s.stx_atime),
+            mtime: t(s.stx_mtime),
+            ctime: t(s.stx_ctime),
+            crtime: if s.stx_mask & libc::STATX_BTIME != 0 {
+                t(s.stx_btime)
+            } else {
+                UNIX_EPOCH
+            },
+            kind: self.kind(),
+            perm: (self.mode() & 0o7777) as u16,
+            nlink: s.stx_nlink,
+            uid: s.stx_uid,
+            gid: s.stx_gid,
+            rdev: libc::makedev(s.stx_rdev_major, s.stx_rdev_minor) as u32,
+            flags: 0,
+            blksize: s.stx_blksize,
+        }
+    }
 }
 
-fn file_handle(path: &Path) -> Option<Vec<u8>> {
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// The file handle of `name` in `dir` (of `dir` itself when `name` is
+/// empty), without following a symlink: a symlink's own handle.
+fn file_handle(dir: BorrowedFd<'_>, name: &CStr) -> Option<Vec<u8>> {
     const MAX_HANDLE_SZ: usize = 128;
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     // struct file_handle { u32 handle_bytes; i32 handle_type; u8 f_handle[]; }
     let mut buf = vec![0u8; 8 + MAX_HANDLE_SZ];
     buf[..4].copy_from_slice(&(MAX_HANDLE_SZ as u32).to_ne_bytes());
     let mut mount_id: libc::c_int = 0;
+    let flags = if name.is_empty() {
+        libc::AT_EMPTY_PATH
+    } else {
+        0
+    };
     // SAFETY: `buf` is a file_handle with room for MAX_HANDLE_SZ bytes;
-    // `c` is NUL-terminated; mount_id is a valid out-pointer.
+    // `dir` is an open fd, `name` is NUL-terminated, mount_id is a valid
+    // out-pointer.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_name_to_handle_at,
-            libc::AT_FDCWD,
-            c.as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
             buf.as_mut_ptr(),
             &mut mount_id,
-            // No AT_SYMLINK_FOLLOW: a symlink's own handle.
-            0,
+            flags,
         )
     };
     if rc != 0 {
@@ -90,177 +241,342 @@ fn file_handle(path: &Path) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn kind(ft: std::fs::FileType) -> FileType {
-    FileType::from_std(ft).unwrap_or(FileType::RegularFile)
+/// A host file the kernel holds a reference to.
+struct Node {
+    /// The host file (its identity when looked up).
+    key: FileKey,
+    /// The number presented (the node id, but for the root).
+    number: u64,
+    /// The device the map gave it.
+    mapped_dev: u64,
+    kind: FileType,
+    /// `O_PATH` fd of the file itself, opened without following: stat,
+    /// readlink and, for a directory, the base its children are opened in.
+    fd: Arc<OwnedFd>,
+    /// `O_PATH` fd of the directory it was looked up in, and its name
+    /// there: what `open` opens again (the root: its own fd and `.`).
+    parent: Arc<OwnedFd>,
+    name: CString,
+    /// The number presented for its parent (`..` in listings).
+    parent_number: u64,
+    /// Its path under the root when looked up: for spotting host mount
+    /// points and for log lines, never opened.
+    rel: PathBuf,
+    /// The kernel's references (lookups not yet forgotten).
+    lookups: u64,
 }
 
-fn stamp(m: &std::fs::Metadata) -> Stamp {
-    let t = m
-        .created()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or((m.ctime(), m.ctime_nsec() as u32), |d| {
-            (d.as_secs() as i64, d.subsec_nanos())
-        });
-    Stamp::new(t.0, t.1, m.mode())
+struct Listing {
+    entries: Vec<(u64, FileType, OsString)>,
 }
 
-fn attr(m: &std::fs::Metadata, ino: u64) -> FileAttr {
-    let t = |s: i64, ns: i64| UNIX_EPOCH + Duration::new(s.max(0) as u64, ns as u32);
-    FileAttr {
-        ino: INodeNo(ino),
-        size: m.size(),
-        blocks: m.blocks(),
-        atime: t(m.atime(), m.atime_nsec()),
-        mtime: t(m.mtime(), m.mtime_nsec()),
-        ctime: t(m.ctime(), m.ctime_nsec()),
-        crtime: m.created().unwrap_or(SystemTime::UNIX_EPOCH),
-        kind: kind(m.file_type()),
-        perm: (m.mode() & 0o7777) as u16,
-        nlink: m.nlink() as u32,
-        uid: m.uid(),
-        gid: m.gid(),
-        rdev: m.rdev() as u32,
-        flags: 0,
-        blksize: m.blksize() as u32,
+struct State {
+    map: InodeMap,
+    /// Node id -> node; the root is `INodeNo::ROOT`, the others their
+    /// presented number.
+    nodes: HashMap<u64, Node>,
+    devs: HashSet<u64>,
+    open_files: HashMap<u64, std::fs::File>,
+    listings: HashMap<u64, Listing>,
+    next_fh: u64,
+    /// Nodes dropped after the kernel forgot them.
+    forgotten: u64,
+}
+
+struct StableFs {
+    /// Host mount points under the root, relative to it (their `d_ino` is
+    /// not their inode).
+    mountpoints: HashSet<PathBuf>,
+    snapshot: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+/// Registers the device of `name` in `dir` (of `dir` itself when `name`
+/// is empty), if new.
+fn ensure_dev(st: &mut State, dev: u64, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    if st.devs.contains(&dev) {
+        return Ok(());
     }
+    let own;
+    let fd = if name.is_empty() {
+        dir
+    } else {
+        own = open_beneath(dir, name, OFlag::O_PATH)?;
+        own.as_fd()
+    };
+    // The probe takes a path: our own fd's magic link names exactly the
+    // file already opened (a symlink's fd names the symlink itself), with
+    // nothing in the served tree resolved again.
+    let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    let (_, identity) = probe_device(&proc).map_err(|e| {
+        eprintln!("stablefs: probing device {dev:#x}: {e}");
+        Errno::EIO
+    })?;
+    st.map.register_device(dev, identity).map_err(|e| {
+        eprintln!("stablefs: {e}");
+        Errno::EIO
+    })?;
+    st.devs.insert(dev);
+    Ok(())
+}
+
+/// The mapping of `name` in `dir` (of `dir` itself when `name` is empty),
+/// stat'ed as `s`; `what` names it in log lines.
+fn map_file(
+    st: &mut State,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    s: &HostStat,
+    what: &Path,
+) -> Result<Mapped, Errno> {
+    let key = s.key();
+    ensure_dev(st, key.dev, dir, name)?;
+    let handle = match st.map.mode() {
+        Mode::Hashed => file_handle(dir, name),
+        _ => None,
+    };
+    st.map.map(key, s.stamp(), handle.as_deref()).map_err(|e| {
+        eprintln!("stablefs: {}: {e}", what.display());
+        Errno::EIO
+    })
 }
 
 impl StableFs {
-    fn host(&self, rel: &Path) -> PathBuf {
-        self.root.join(rel)
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn rel(&self, st: &State, node: INodeNo) -> Option<PathBuf> {
-        if node == INodeNo::ROOT {
-            return Some(PathBuf::new());
+    /// Looks `name` up in the directory node `parent`: opens it beneath
+    /// the parent's fd, maps it, and adds a reference to its node.
+    fn lookup_in(&self, st: &mut State, parent: INodeNo, name: &OsStr) -> Result<FileAttr, Errno> {
+        let cname = component(name)?;
+        let p = st.nodes.get(&u64::from(parent)).ok_or(Errno::ENOENT)?;
+        if p.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
         }
-        st.nodes.get(&u64::from(node)).cloned()
-    }
-
-    fn ensure_dev(&self, st: &mut State, dev: u64, path: &Path) -> Result<(), Errno> {
-        if st.devs.contains(&dev) {
-            return Ok(());
+        let (pfd, parent_number, rel) = (p.fd.clone(), p.number, p.rel.join(name));
+        // O_PATH | O_NOFOLLOW: a symlink is opened as itself.
+        let fd = open_beneath(pfd.as_fd(), &cname, OFlag::O_PATH)?;
+        let s = HostStat::of(fd.as_fd())?;
+        let m = map_file(st, fd.as_fd(), c"", &s, &rel)?;
+        let n = m.ino;
+        let fd = Arc::new(fd);
+        if n == u64::from(INodeNo::ROOT) {
+            eprintln!("stablefs: {} maps to 1, the FUSE root's id", rel.display());
+            return Err(Errno::EIO);
         }
-        let (_, identity) = probe_device(path).map_err(|_| Errno::EIO)?;
-        st.map.register_device(dev, identity).map_err(|e| {
-            eprintln!("stablefs: {e}");
-            Errno::EIO
-        })?;
-        st.devs.insert(dev);
-        Ok(())
-    }
-
-    /// The presented number of a host file we have its metadata of.
-    fn number(&self, st: &mut State, path: &Path, m: &std::fs::Metadata) -> Result<u64, Errno> {
-        self.mapped(st, path, m).map(|x| x.ino)
-    }
-
-    fn mapped(
-        &self,
-        st: &mut State,
-        path: &Path,
-        m: &std::fs::Metadata,
-    ) -> Result<lookout_inode_map::Mapped, Errno> {
-        self.ensure_dev(st, m.dev(), path)?;
-        let handle = match st.map.mode() {
-            Mode::Hashed => file_handle(path),
-            _ => None,
-        };
-        st.map
-            .map(
-                FileKey {
-                    dev: m.dev(),
-                    ino: m.ino(),
-                },
-                stamp(m),
-                handle.as_deref(),
-            )
-            .map_err(|e| {
-                eprintln!("stablefs: {}: {e}", path.display());
-                Errno::EIO
-            })
-    }
-
-    fn bind(&self, st: &mut State, n: u64, rel: &Path) -> Result<(), Errno> {
-        match st.nodes.get(&n) {
-            Some(p) if p != rel => {
+        match st.nodes.get_mut(&n) {
+            Some(node) if node.key != s.key() => {
                 eprintln!(
                     "stablefs: {} and {} both map to {n}: passthrough cannot tell devices apart under one st_dev",
-                    p.display(),
+                    node.rel.display(),
                     rel.display()
                 );
-                Err(Errno::EIO)
+                return Err(Errno::EIO);
             }
-            Some(_) => Ok(()),
-            None if n == 1 => {
-                eprintln!("stablefs: {} maps to 1, the FUSE root's id", rel.display());
-                Err(Errno::EIO)
+            Some(node) => {
+                // The same file, perhaps under another name now: open it
+                // by the name just seen.
+                node.fd = fd;
+                node.parent = pfd;
+                node.name = cname;
+                node.parent_number = parent_number;
+                node.rel = rel;
+                node.kind = s.kind();
+                node.mapped_dev = m.dev;
+                node.lookups += 1;
             }
             None => {
-                st.nodes.insert(n, rel.to_path_buf());
-                Ok(())
+                st.nodes.insert(
+                    n,
+                    Node {
+                        key: s.key(),
+                        number: n,
+                        mapped_dev: m.dev,
+                        kind: s.kind(),
+                        fd,
+                        parent: pfd,
+                        name: cname,
+                        parent_number,
+                        rel,
+                        lookups: 1,
+                    },
+                );
             }
+        }
+        Ok(s.attr(n))
+    }
+
+    /// Takes `n` references off node `ino`; at zero, the node goes.
+    fn forget_node(st: &mut State, ino: INodeNo, n: u64) {
+        if ino == INodeNo::ROOT {
+            return;
+        }
+        let id = u64::from(ino);
+        let Some(node) = st.nodes.get_mut(&id) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0
+            && let Some(node) = st.nodes.remove(&id)
+        {
+            // Its fds close here; the map may now evict its entry first.
+            st.map.release(node.key);
+            st.forgotten += 1;
+        }
+    }
+
+    /// Lists the directory node `ino` with one `getdents` per batch.
+    fn list(&self, st: &mut State, ino: INodeNo) -> Result<Listing, Errno> {
+        let node = st.nodes.get(&u64::from(ino)).ok_or(Errno::ENOENT)?;
+        if node.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        let (dfd, own, parent, rel, dev) = (
+            node.fd.clone(),
+            node.number,
+            node.parent_number,
+            node.rel.clone(),
+            node.key.dev,
+        );
+        let readable = open_beneath(dfd.as_fd(), c".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        let mut dir = nix::dir::Dir::from_fd(readable).map_err(|e| Errno::from_i32(e as i32))?;
+        let mut entries = vec![
+            (own, FileType::Directory, OsString::from(".")),
+            (parent, FileType::Directory, OsString::from("..")),
+        ];
+        let hashed = matches!(st.map.mode(), Mode::Hashed);
+        for e in dir.iter() {
+            let Ok(e) = e else { break };
+            let cname = e.file_name();
+            if cname == c"." || cname == c".." {
+                continue;
+            }
+            let name = OsString::from_vec(cname.to_bytes().to_vec());
+            // d_ino and d_type from getdents: no stat per entry...
+            let ft = e.file_type().map(|t| {
+                use nix::dir::Type;
+                match t {
+                    Type::Directory => FileType::Directory,
+                    Type::Symlink => FileType::Symlink,
+                    Type::Fifo => FileType::NamedPipe,
+                    Type::Socket => FileType::Socket,
+                    Type::CharacterDevice => FileType::CharDevice,
+                    Type::BlockDevice => FileType::BlockDevice,
+                    Type::File => FileType::RegularFile,
+                }
+            });
+            let stat_it = hashed
+                || ft.is_none()
+                || (ft == Some(FileType::Directory)
+                    && !self.mountpoints.is_empty()
+                    && self.mountpoints.contains(&rel.join(&name)));
+            let (n, ft) = if stat_it {
+                // ... except for Hashed (a handle per new file), mount
+                // points (d_ino is the covered directory's) and file
+                // systems without d_type. Relative to the directory's fd,
+                // one component, not followed.
+                let Ok(s) = HostStat::at(dfd.as_fd(), cname) else {
+                    continue;
+                };
+                let Ok(m) = map_file(st, dfd.as_fd(), cname, &s, &rel.join(&name)) else {
+                    continue;
+                };
+                (m.ino, s.kind())
+            } else {
+                let key = FileKey { dev, ino: e.ino() };
+                let Ok(m) = st.map.map(key, Stamp::UNKNOWN, None) else {
+                    continue;
+                };
+                (m.ino, ft.unwrap_or(FileType::RegularFile))
+            };
+            entries.push((n, ft, name));
+        }
+        Ok(Listing { entries })
+    }
+
+    /// Opens the regular file of node `ino` for reading, by its name in
+    /// its parent's fd, checking it is still the node's file.
+    fn open_file(&self, st: &State, ino: INodeNo) -> Result<std::fs::File, Errno> {
+        let node = st.nodes.get(&u64::from(ino)).ok_or(Errno::ENOENT)?;
+        if node.kind != FileType::RegularFile {
+            return Err(Errno::EACCES);
+        }
+        // O_NONBLOCK: a FIFO swapped in cannot hold the open.
+        let fd = open_beneath(
+            node.parent.as_fd(),
+            &node.name,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+        )
+        .map_err(|e| {
+            if e.code() == libc::ELOOP {
+                // The name now holds a symlink: not this node any more.
+                Errno::ESTALE
+            } else {
+                e
+            }
+        })?;
+        let s = HostStat::of(fd.as_fd())?;
+        if s.key() != node.key || s.kind() != FileType::RegularFile {
+            // Another file under the node's name: the kernel looks the
+            // name up again on ESTALE.
+            return Err(Errno::ESTALE);
+        }
+        Ok(std::fs::File::from(fd))
+    }
+
+    fn save_snapshot(&self) {
+        let Some(path) = &self.snapshot else { return };
+        let st = self.lock();
+        if let Err(e) = st.map.snapshot().write_file(path) {
+            eprintln!("stablefs: saving the snapshot {}: {e}", path.display());
         }
     }
 }
 
 impl Filesystem for StableFs {
     fn destroy(&mut self) {
-        let Some(path) = &self.snapshot else { return };
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let tmp = path.with_extension("tmp");
-        let saved = std::fs::File::create(&tmp)
-            .map_err(|e| e.to_string())
-            .and_then(|f| {
-                let mut w = std::io::BufWriter::new(f);
-                st.map.snapshot().save(&mut w).map_err(|e| e.to_string())?;
-                std::io::Write::flush(&mut w).map_err(|e| e.to_string())
-            })
-            .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
-        if let Err(e) = saved {
-            eprintln!("stablefs: saving the snapshot {}: {e}", path.display());
+        {
+            let st = self.lock();
+            eprintln!(
+                "stablefs: {} nodes live, {} forgotten",
+                st.nodes.len() - 1,
+                st.forgotten
+            );
         }
+        self.save_snapshot();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(prel) = self.rel(&st, parent) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let rel = prel.join(name);
-        let path = self.host(&rel);
-        let m = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(_) => return reply.error(Errno::ENOENT),
-        };
-        let result = self
-            .number(&mut st, &path, &m)
-            .and_then(|n| self.bind(&mut st, n, &rel).map(|()| n));
-        match result {
-            Ok(n) => reply.entry(&TTL, &attr(&m, n), Generation(0)),
+        let mut st = self.lock();
+        match self.lookup_in(&mut st, parent, name) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
+    // N.B. fuser 0.18 does not export `ForgetOne`, so `batch_forget`
+    // cannot be overridden; its default calls this once per node.
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let mut st = self.lock();
+        StableFs::forget_node(&mut st, ino, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(rel) = self.rel(&st, ino) else {
+        let st = self.lock();
+        let Some(node) = st.nodes.get(&u64::from(ino)) else {
             return reply.error(Errno::ENOENT);
         };
-        let path = self.host(&rel);
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) => match self.number(&mut st, &path, &m) {
-                Ok(n) => reply.attr(&TTL, &attr(&m, n)),
-                Err(e) => reply.error(e),
-            },
-            Err(_) => reply.error(Errno::ENOENT),
+        match HostStat::of(node.fd.as_fd()) {
+            Ok(s) => reply.attr(&TTL, &s.attr(node.number)),
+            Err(e) => reply.error(e),
         }
     }
 
     /// FUSE shows one `st_dev` per mount (the kernel's anonymous device,
     /// which changes between mounts); the device the map gives a file is
-    /// readable as the `trusted.stablefs.dev` attribute.
+    /// readable as the `trusted.stablefs.dev` attribute. The root's
+    /// `trusted.stablefs.nodes` is the number of live nodes.
     fn getxattr(
         &self,
         _req: &Request,
@@ -269,56 +585,51 @@ impl Filesystem for StableFs {
         size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        if name != "trusted.stablefs.dev" {
+        let st = self.lock();
+        let Some(node) = st.nodes.get(&u64::from(ino)) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let v = if name == DEV_XATTR {
+            node.mapped_dev.to_string()
+        } else if name == NODES_XATTR && ino == INodeNo::ROOT {
+            (st.nodes.len() - 1).to_string()
+        } else {
             return reply.error(Errno::ENODATA);
-        }
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(rel) = self.rel(&st, ino) else {
-            return reply.error(Errno::ENOENT);
         };
-        let path = self.host(&rel);
-        let Ok(m) = std::fs::symlink_metadata(&path) else {
-            return reply.error(Errno::ENOENT);
-        };
-        match self.mapped(&mut st, &path, &m) {
-            Ok(x) => {
-                let v = x.dev.to_string();
-                if size == 0 {
-                    reply.size(v.len() as u32);
-                } else if (size as usize) < v.len() {
-                    reply.error(Errno::ERANGE);
-                } else {
-                    reply.data(v.as_bytes());
-                }
-            }
-            Err(e) => reply.error(e),
+        if size == 0 {
+            reply.size(v.len() as u32);
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(v.as_bytes());
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match self
-            .rel(&st, ino)
-            .map(|r| std::fs::read_link(self.host(&r)))
-        {
-            Some(Ok(t)) => reply.data(t.as_os_str().as_bytes()),
-            _ => reply.error(Errno::ENOENT),
+        let st = self.lock();
+        let Some(node) = st.nodes.get(&u64::from(ino)) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if node.kind != FileType::Symlink {
+            return reply.error(Errno::EINVAL);
+        }
+        // The symlink's own fd: its target as written, not followed.
+        match nix::fcntl::readlinkat(node.fd.as_fd(), c"") {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(Errno::from_i32(e as i32)),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(rel) = self.rel(&st, ino) else {
-            return reply.error(Errno::ENOENT);
-        };
-        match std::fs::File::open(self.host(&rel)) {
+        let mut st = self.lock();
+        match self.open_file(&st, ino) {
             Ok(f) => {
                 st.next_fh += 1;
                 let fh = st.next_fh;
                 st.open_files.insert(fh, f);
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
-            Err(_) => reply.error(Errno::EACCES),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -333,7 +644,7 @@ impl Filesystem for StableFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = self.lock();
         let Some(f) = st.open_files.get(&u64::from(fh)) else {
             return reply.error(Errno::EBADF);
         };
@@ -354,77 +665,22 @@ impl Filesystem for StableFs {
         _flush: bool,
         reply: fuser::ReplyEmpty,
     ) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         st.open_files.remove(&u64::from(fh));
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(rel) = self.rel(&st, ino) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let dir = self.host(&rel);
-        let Ok(dm) = std::fs::metadata(&dir) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let own = match self.number(&mut st, &dir, &dm) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let parent = match rel.parent() {
-            Some(p) => {
-                let pp = self.host(p);
-                match std::fs::metadata(&pp) {
-                    Ok(pm) => self.number(&mut st, &pp, &pm).unwrap_or(own),
-                    Err(_) => own,
-                }
+        let mut st = self.lock();
+        match self.list(&mut st, ino) {
+            Ok(l) => {
+                st.next_fh += 1;
+                let fh = st.next_fh;
+                st.listings.insert(fh, l);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
             }
-            None => own,
-        };
-        let mut entries = vec![
-            (own, FileType::Directory, OsStr::new(".").to_os_string()),
-            (parent, FileType::Directory, OsStr::new("..").to_os_string()),
-        ];
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            return reply.error(Errno::EACCES);
-        };
-        let mode = st.map.mode();
-        for e in rd.flatten() {
-            // d_ino and d_type from getdents: no stat per entry...
-            let name = e.file_name();
-            let ft = e.file_type().map(kind).unwrap_or(FileType::RegularFile);
-            let hashed = matches!(mode, Mode::Hashed);
-            let stat_it = hashed
-                || (ft == FileType::Directory
-                    && !self.mountpoints.is_empty()
-                    && self.mountpoints.contains(&dir.join(&name)));
-            let n = if stat_it {
-                let path = dir.join(&name);
-                // ... except for mount points (d_ino is the covered
-                // directory's) and Hashed (a handle per new file).
-                match std::fs::symlink_metadata(&path) {
-                    Ok(m) => self.number(&mut st, &path, &m),
-                    Err(_) => continue,
-                }
-            } else {
-                let key = FileKey {
-                    dev: dm.dev(),
-                    ino: std::os::unix::fs::DirEntryExt::ino(&e),
-                };
-                st.map
-                    .map(key, Stamp::UNKNOWN, None)
-                    .map(|x| x.ino)
-                    .map_err(|_| Errno::EIO)
-            };
-            if let Ok(n) = n {
-                entries.push((n, ft, name));
-            }
+            Err(e) => reply.error(e),
         }
-        st.next_fh += 1;
-        let fh = st.next_fh;
-        st.listings.insert(fh, Listing { entries });
-        reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
     fn readdir(
@@ -435,7 +691,7 @@ impl Filesystem for StableFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = self.lock();
         let Some(l) = st.listings.get(&u64::from(fh)) else {
             return reply.error(Errno::EBADF);
         };
@@ -455,19 +711,32 @@ impl Filesystem for StableFs {
         _flags: OpenFlags,
         reply: fuser::ReplyEmpty,
     ) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         st.listings.remove(&u64::from(fh));
         reply.ok();
     }
 }
 
+/// Host mount points strictly under `root`, relative to it.
 fn mountpoints_under(root: &Path) -> HashSet<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     text.lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(root) && p != root)
+        .filter_map(|p| p.strip_prefix(root).ok().map(Path::to_path_buf))
+        .filter(|p| !p.as_os_str().is_empty())
         .collect()
+}
+
+/// Each node holds an fd: as many as the hard limit allows.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        eprintln!("stablefs: raising RLIMIT_NOFILE to {hard}: {e}");
+    }
 }
 
 fn usage() -> ! {
@@ -475,6 +744,30 @@ fn usage() -> ! {
         "usage: stablefs [--mode passthrough|xino|allocated|hashed] [--snapshot FILE] SOURCE MOUNTPOINT"
     );
     std::process::exit(2)
+}
+
+fn os_error(e: Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.code())
+}
+
+fn fail(what: impl std::fmt::Display) -> ! {
+    eprintln!("stablefs: {what}");
+    std::process::exit(1)
+}
+
+/// The snapshot at `path`, `None` if there is none. A symlink, a FIFO, a
+/// file too large or corrupt is an error: the caller stops rather than
+/// renumber silently.
+fn load_snapshot(path: &Path) -> Result<Option<Snapshot>, lookout_inode_map::Error> {
+    match Snapshot::read_file(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(lookout_inode_map::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn main() {
@@ -506,48 +799,65 @@ fn main() {
     let [source, mountpoint] = pos.as_slice() else {
         usage()
     };
-    let root = match source.canonicalize() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("stablefs: {}: {e}", source.display());
-            std::process::exit(1)
-        }
-    };
+    raise_fd_limit();
+    // SOURCE is the operator's: it may be reached through symlinks. What
+    // is under it is never.
+    let root_fd = nix::fcntl::open(
+        source.as_path(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap_or_else(|e| fail(format_args!("{}: {e}", source.display())));
+    // The path the fd names (for the mount table), not SOURCE again.
+    let root = std::fs::read_link(format!("/proc/self/fd/{}", root_fd.as_raw_fd()))
+        .unwrap_or_else(|e| fail(format_args!("{}: {e}", source.display())));
     let mut map = InodeMap::new(mode, Limits::default());
-    if let Some(path) = &snapshot
-        && path.exists()
-    {
-        let loaded = std::fs::File::open(path)
-            .map_err(|e| e.to_string())
-            .and_then(|f| Snapshot::load(std::io::BufReader::new(f)).map_err(|e| e.to_string()))
-            .and_then(|s| {
-                map.restore(&s, ConflictPolicy::Fail)
-                    .map_err(|e| e.to_string())
-            });
-        match loaded {
-            Ok(r) => eprintln!(
+    if let Some(path) = &snapshot {
+        let restored = load_snapshot(path)
+            .and_then(|s| s.map(|s| map.restore(&s, ConflictPolicy::Fail)).transpose());
+        match restored {
+            Ok(Some(r)) => eprintln!(
                 "stablefs: restored {} entries from {}",
                 r.restored,
                 path.display()
             ),
-            Err(e) => {
-                eprintln!("stablefs: {}: {e}", path.display());
-                std::process::exit(1)
-            }
+            Ok(None) => eprintln!("stablefs: no snapshot at {} yet", path.display()),
+            Err(e) => fail(format_args!("{}: {e}", path.display())),
         }
     }
+    let mut st = State {
+        map,
+        nodes: HashMap::new(),
+        devs: HashSet::new(),
+        open_files: HashMap::new(),
+        listings: HashMap::new(),
+        next_fh: 0,
+        forgotten: 0,
+    };
+    let s = HostStat::of(root_fd.as_fd())
+        .unwrap_or_else(|e| fail(format_args!("{}: {}", root.display(), os_error(e))));
+    let m = map_file(&mut st, root_fd.as_fd(), c"", &s, &root)
+        .unwrap_or_else(|e| fail(format_args!("{}: {}", root.display(), os_error(e))));
+    let root_fd = Arc::new(root_fd);
+    st.nodes.insert(
+        u64::from(INodeNo::ROOT),
+        Node {
+            key: s.key(),
+            number: m.ino,
+            mapped_dev: m.dev,
+            kind: FileType::Directory,
+            fd: root_fd.clone(),
+            parent: root_fd,
+            name: c".".to_owned(),
+            parent_number: m.ino,
+            rel: PathBuf::new(),
+            lookups: 1,
+        },
+    );
     let fs = StableFs {
         mountpoints: mountpoints_under(&root),
-        root,
         snapshot,
-        state: Mutex::new(State {
-            map,
-            nodes: HashMap::new(),
-            devs: HashSet::new(),
-            open_files: HashMap::new(),
-            listings: HashMap::new(),
-            next_fh: 0,
-        }),
+        state: Mutex::new(st),
     };
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
@@ -557,7 +867,6 @@ fn main() {
     ];
     eprintln!("stablefs: serving {:?}", mode);
     if let Err(e) = fuser::mount(fs, mountpoint, &cfg) {
-        eprintln!("stablefs: mounting {}: {e}", mountpoint.display());
-        std::process::exit(1)
+        fail(format_args!("mounting {}: {e}", mountpoint.display()));
     }
 }
