@@ -116,7 +116,7 @@ impl Stamp {
         Stamp(((h as u32) ^ ((h >> 32) as u32)).max(1))
     }
 
-    fn differs(self, other: Stamp) -> bool {
+    pub(crate) fn differs(self, other: Stamp) -> bool {
         self != Stamp::UNKNOWN && other != Stamp::UNKNOWN && self != other
     }
 }
@@ -363,10 +363,19 @@ impl InodeMap {
         handle: Option<&[u8]>,
     ) -> Result<u64, Error> {
         // A file that collided lives in the fallback table.
-        if let Some(e) = self.entries.get(&slot).and_then(|m| m.get(&ino))
-            && !e.stamp.differs(stamp)
+        if let Some(m) = self.entries.get_mut(&slot)
+            && let Some(e) = m.get(&ino)
         {
-            return Ok(e.out);
+            if !e.stamp.differs(stamp) {
+                return Ok(e.out);
+            }
+            // The fallback number was another life's: it leaves circulation,
+            // and must not shadow this life's number on a lookup without a
+            // stamp (found by tests/properties.rs).
+            let old = e.out;
+            m.remove(&ino);
+            self.tombstones.insert(old, ());
+            self.stats.reused += 1;
         }
         let handle = handle.ok_or(Error::NeedHandle)?;
         let seed = match self.seeds.get(&slot) {
@@ -454,10 +463,29 @@ impl InodeMap {
             .entries
             .get_mut(&slot)
             .and_then(|m| m.get_mut(&key.ino))
+            && e.live
         {
             e.live = false;
             self.released.push_back((slot, key.ino));
+            // A file used and released over and over queues itself each
+            // time: keep the queue within a constant factor of the map.
+            if self.released.len() > 2 * self.len() + 64 {
+                self.compact_released();
+            }
         }
+    }
+
+    /// Drops queued keys that are gone, live again, or queued twice.
+    fn compact_released(&mut self) {
+        let mut seen = std::collections::HashSet::with_capacity(self.released.len());
+        let entries = &self.entries;
+        self.released.retain(|(slot, ino)| {
+            entries
+                .get(slot)
+                .and_then(|m| m.get(ino))
+                .is_some_and(|e| !e.live)
+                && seen.insert((*slot, *ino))
+        });
     }
 
     /// Number `n` (of a reused inode) is no longer referenced anywhere: it
@@ -616,6 +644,19 @@ mod tests {
             m.map(FileKey { dev: A, ino: 9 }, Stamp(1), None),
             Err(Error::NeedHandle)
         ));
+    }
+
+    #[test]
+    fn releasing_one_file_over_and_over_keeps_the_queue_bounded() {
+        let mut m = map(Mode::Allocated);
+        let k = FileKey { dev: A, ino: 5 };
+        for _ in 0..10_000 {
+            m.map(k, Stamp(1), None).expect("map");
+            m.release(k);
+            m.release(k);
+        }
+        assert!(m.released.len() <= 2 + 64 + 1, "{}", m.released.len());
+        assert_eq!(m.stats().entries, 1);
     }
 
     #[test]

@@ -636,6 +636,7 @@ enum Holder {
 }
 
 type Taken = HashMap<u64, Holder, std::hash::BuildHasherDefault<crate::IntHasher>>;
+type Owned = HashMap<(u32, u64), u64>;
 
 impl InodeMap {
     /// A snapshot of everything the map knows, in a canonical order (the
@@ -726,8 +727,12 @@ impl InodeMap {
                 taken.insert(e.out, Holder::Entry(*slot, *ino));
             }
         }
+        // Hashed: the files that own a hashed number here. A saved fallback
+        // entry for one of them would take precedence over its number.
+        let mut owned = Owned::default();
         for (n, o) in &self.owners {
             taken.insert(*n, Holder::Owner(o.slot, o.ino));
+            owned.insert((o.slot, o.ino), *n);
         }
         let mut bad_slots = Vec::new();
         for d in &s.devices {
@@ -742,12 +747,12 @@ impl InodeMap {
         if policy == ConflictPolicy::Fail {
             // Every conflict is found before anything changes.
             for e in &s.entries {
-                if let Some(what) = self.entry_conflict(e, &taken) {
+                if let Some(what) = self.entry_conflict(e, &taken, &owned) {
                     return Err(Error::Conflict(what));
                 }
             }
             for e in &s.hashed {
-                if let Some(what) = hashed_conflict(e, &taken) {
+                if let Some(what) = self.hashed_conflict(e, &taken) {
                     return Err(Error::Conflict(what));
                 }
             }
@@ -779,9 +784,15 @@ impl InodeMap {
                 report.skipped += 1;
                 continue;
             }
-            if let Some(what) = self.entry_conflict(e, &taken) {
+            let here = self.number_of(e.slot, e.ino);
+            if here == Some(e.out) {
+                // Already so (a snapshot of this very map): the map's
+                // stamp and use are newer.
+                report.restored += 1;
+                continue;
+            }
+            if let Some(what) = self.entry_conflict(e, &taken, &owned) {
                 report.note(what);
-                let here = self.number_of(e.slot, e.ino);
                 if policy == ConflictPolicy::Trust {
                     if let Some(h) = here {
                         // The file's number here leaves circulation.
@@ -793,7 +804,7 @@ impl InodeMap {
                     }
                     report.replaced += 1;
                 } else {
-                    if here.is_none() {
+                    if here.is_none() && !owned.contains_key(&(e.slot, e.ino)) {
                         let out = self.fresh(fallback);
                         self.insert_entry(e.slot, e.ino, e.stamp, out);
                         taken.insert(out, Holder::Entry(e.slot, e.ino));
@@ -812,15 +823,34 @@ impl InodeMap {
                 report.skipped += 1;
                 continue;
             }
-            if let Some(what) = hashed_conflict(e, &taken) {
+            if taken.get(&e.out) == Some(&Holder::Owner(e.slot, e.ino)) {
+                // Already so: the map's stamp is newer.
+                report.restored += 1;
+                continue;
+            }
+            if let Some(what) = self.hashed_conflict(e, &taken) {
                 report.note(what);
                 if policy != ConflictPolicy::Trust {
-                    // The file gets a fallback number when it is seen.
+                    // The map's number stays (or the file gets a fallback
+                    // number when it is seen).
                     report.remapped += 1;
                     continue;
                 }
-                if let Some(holder) = taken.get(&e.out).copied() {
+                let holder = taken.get(&e.out).copied();
+                let shadow = match holder {
+                    Some(h) if h == Holder::Owner(e.slot, e.ino) => None,
+                    _ => self.shadowing(e),
+                };
+                if let Some(holder) = holder
+                    && holder != Holder::Owner(e.slot, e.ino)
+                {
                     self.evict(holder, e.out);
+                }
+                if let Some(f) = shadow {
+                    // Its fallback number leaves circulation.
+                    self.evict(Holder::Entry(e.slot, e.ino), f);
+                    taken.remove(&f);
+                    self.tombstones.insert(f, ());
                 }
                 report.replaced += 1;
             }
@@ -846,14 +876,23 @@ impl InodeMap {
     }
 
     /// Why saved entry `e` cannot simply be restored here, if it cannot.
-    fn entry_conflict(&self, e: &SavedEntry, taken: &Taken) -> Option<String> {
-        if let Some(h) = self.number_of(e.slot, e.ino)
-            && h != e.out
-        {
-            return Some(format!(
-                "inode {} of slot {} has number {h} here, {} in the snapshot",
-                e.ino, e.slot, e.out
-            ));
+    fn entry_conflict(&self, e: &SavedEntry, taken: &Taken, owned: &Owned) -> Option<String> {
+        match self.number_of(e.slot, e.ino) {
+            Some(h) if h != e.out => {
+                return Some(format!(
+                    "inode {} of slot {} has number {h} here, {} in the snapshot",
+                    e.ino, e.slot, e.out
+                ));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(n) = owned.get(&(e.slot, e.ino)) {
+                    return Some(format!(
+                        "inode {} of slot {} has hashed number {n} here, fallback {} in the snapshot",
+                        e.ino, e.slot, e.out
+                    ));
+                }
+            }
         }
         match taken.get(&e.out) {
             Some(h) if *h != Holder::Entry(e.slot, e.ino) => Some(format!(
@@ -862,6 +901,37 @@ impl InodeMap {
             )),
             _ => None,
         }
+    }
+
+    /// Why saved hashed number `e` cannot simply be restored here, if it
+    /// cannot: another file holds it, or the file has a fallback number
+    /// here for the same life, which would shadow it.
+    fn hashed_conflict(&self, e: &SavedEntry, taken: &Taken) -> Option<String> {
+        match taken.get(&e.out) {
+            Some(h) if *h != Holder::Owner(e.slot, e.ino) => {
+                return Some(format!(
+                    "hashed number {} belongs to another file here",
+                    e.out
+                ));
+            }
+            // Already so: whatever else the map has for the file, it had
+            // it before.
+            Some(_) => return None,
+            None => {}
+        }
+        self.shadowing(e).map(|f| {
+            format!(
+                "inode {} of slot {} has fallback number {f} here, hashed {} in the snapshot",
+                e.ino, e.slot, e.out
+            )
+        })
+    }
+
+    /// The fallback number the map has for the file of saved hashed
+    /// number `e`, in the same life.
+    fn shadowing(&self, e: &SavedEntry) -> Option<u64> {
+        let x = self.entries.get(&e.slot)?.get(&e.ino)?;
+        (!x.stamp.differs(e.stamp)).then_some(x.out)
     }
 
     fn insert_entry(&mut self, slot: u32, ino: u64, stamp: Stamp, out: u64) {
@@ -891,16 +961,6 @@ impl InodeMap {
                 self.owners.remove(&n);
             }
         }
-    }
-}
-
-fn hashed_conflict(e: &SavedEntry, taken: &Taken) -> Option<String> {
-    match taken.get(&e.out) {
-        Some(h) if *h != Holder::Owner(e.slot, e.ino) => Some(format!(
-            "hashed number {} belongs to another file here",
-            e.out
-        )),
-        _ => None,
     }
 }
 
