@@ -53,6 +53,158 @@ pub struct Events {
     /// `--k8s-events-unsafe-values`: the note also carries environment
     /// variable and annotation values (see [`summary`]).
     pub unsafe_values: bool,
+    /// The per-node rate limit; Events over it are dropped.
+    pub limit: Arc<EventLimit>,
+}
+
+/// A token bucket: `burst` tokens, refilled at `per_minute` a minute (0:
+/// never), one taken per admitted Event. The clock is the caller's `now`,
+/// so tests drive it without sleeping.
+///
+/// Counted in exact integers: a token is [`NANOS_PER_MINUTE`] units, and
+/// every nanosecond that passes adds `per_minute` units, so no rounding
+/// builds up between refills.
+#[derive(Debug)]
+pub struct TokenBucket {
+    /// The most units the bucket holds (`burst` tokens).
+    capacity: u128,
+    per_minute: u128,
+    units: u128,
+    /// When `units` was last brought up to date.
+    last: std::time::Instant,
+}
+
+const NANOS_PER_MINUTE: u128 = 60_000_000_000;
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(burst: u32, per_minute: u32, now: std::time::Instant) -> TokenBucket {
+        let capacity = u128::from(burst) * NANOS_PER_MINUTE;
+        TokenBucket {
+            capacity,
+            per_minute: u128::from(per_minute),
+            units: capacity,
+            last: now,
+        }
+    }
+
+    /// Takes a token if there is one. A `now` earlier than a previous one
+    /// adds nothing (and does not move the bucket's clock back).
+    pub fn try_take(&mut self, now: std::time::Instant) -> bool {
+        if now > self.last {
+            let elapsed = (now - self.last).as_nanos();
+            self.units = self
+                .units
+                .saturating_add(elapsed.saturating_mul(self.per_minute))
+                .min(self.capacity);
+            self.last = now;
+        }
+        match self.units.checked_sub(NANOS_PER_MINUTE) {
+            Some(rest) => {
+                self.units = rest;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The most often the agent warns that Events were dropped.
+pub const DROP_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// What [`EventLimit::admit_at`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Post the Event.
+    Post,
+    /// Drop it; `warn` is `Some(n)` when a warning is due, `n` Events
+    /// dropped since the previous one (this one included).
+    Drop { warn: Option<u64> },
+}
+
+/// The per-node rate limit of Kubernetes Events (`--k8s-events-burst`,
+/// `--k8s-events-per-minute`): a [`TokenBucket`] behind a mutex held for
+/// a few arithmetic operations, never across an await. Events over the
+/// limit are dropped, never queued: counted in `dropped` (meant for
+/// `lookout_k8s_events_dropped_total`) and warned about at most once per
+/// [`DROP_WARNING_INTERVAL`].
+pub struct EventLimit {
+    state: Mutex<LimitState>,
+    dropped: prometheus_client::metrics::counter::Counter,
+}
+
+struct LimitState {
+    bucket: TokenBucket,
+    /// Dropped since the last warning.
+    unreported: u64,
+    last_warning: Option<std::time::Instant>,
+}
+
+impl EventLimit {
+    /// A full bucket of `burst`; `dropped` counts the Events refused.
+    pub fn new(
+        burst: u32,
+        per_minute: u32,
+        dropped: prometheus_client::metrics::counter::Counter,
+    ) -> EventLimit {
+        EventLimit::starting_at(burst, per_minute, dropped, std::time::Instant::now())
+    }
+
+    fn starting_at(
+        burst: u32,
+        per_minute: u32,
+        dropped: prometheus_client::metrics::counter::Counter,
+        now: std::time::Instant,
+    ) -> EventLimit {
+        EventLimit {
+            state: Mutex::new(LimitState {
+                bucket: TokenBucket::new(burst, per_minute, now),
+                unreported: 0,
+                last_warning: None,
+            }),
+            dropped,
+        }
+    }
+
+    /// Whether container `id`'s Event may be posted now; a dropped one is
+    /// counted and logged (at warn at most once per
+    /// [`DROP_WARNING_INTERVAL`]).
+    fn admit(&self, id: &str) -> bool {
+        match self.admit_at(std::time::Instant::now()) {
+            Admission::Post => true,
+            Admission::Drop { warn } => {
+                tracing::debug!(id, "Kubernetes Event dropped: over the rate limit");
+                if let Some(n) = warn {
+                    tracing::warn!(
+                        dropped = n,
+                        "Kubernetes Events dropped: over --k8s-events-burst/--k8s-events-per-minute \
+                         (the number since the last warning)"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// [`EventLimit::admit`] at `now`, without logging.
+    fn admit_at(&self, now: std::time::Instant) -> Admission {
+        // N.B. a poisoned lock still holds a consistent bucket: every
+        // update is a plain assignment.
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.bucket.try_take(now) {
+            return Admission::Post;
+        }
+        self.dropped.inc();
+        s.unreported += 1;
+        let due = s
+            .last_warning
+            .is_none_or(|t| now.saturating_duration_since(t) >= DROP_WARNING_INTERVAL);
+        let warn = due.then(|| {
+            s.last_warning = Some(now);
+            std::mem::take(&mut s.unreported)
+        });
+        Admission::Drop { warn }
+    }
 }
 
 /// The k8s limit on an Event's note.
@@ -309,9 +461,19 @@ impl Dispatcher {
                 let d = Arc::clone(self);
                 let e = event.clone();
                 self.side.spawn(async move {
+                    // The rate limit first, here on the side runtime (never
+                    // on the caller's): a dropped Event costs no read.
+                    let events = d
+                        .events
+                        .as_ref()
+                        .filter(|ev| ev.limit.admit(&e.container.id))
+                        .cloned();
+                    if !runs && events.is_none() {
+                        return;
+                    }
                     // One read of config.json serves the hooks and the Event.
                     let config = d.config_of(&e).await;
-                    if let Some(ev) = d.events.clone() {
+                    if let Some(ev) = events {
                         let (d, e, config) = (Arc::clone(&d), e.clone(), config.clone());
                         tokio::spawn(async move { d.post_event(ev, &e, config.as_ref()).await });
                     }
@@ -587,5 +749,81 @@ mod summary_tests {
             assert!(s.contains(kept), "{kept} missing: {s}");
         }
         assert!(!s.contains("hunter2"), "args are masked: {s}");
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use std::time::{Duration, Instant};
+
+    use prometheus_client::metrics::counter::Counter;
+
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_bucket_without_refill_admits_the_burst_then_nothing_ever() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(2, 0, t0);
+        assert!(b.try_take(t0));
+        assert!(b.try_take(t0));
+        assert!(!b.try_take(t0));
+        assert!(!b.try_take(t0 + 3600 * S));
+    }
+
+    #[test]
+    fn a_bucket_refills_at_its_rate_up_to_the_burst() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(3, 60, t0);
+        for _ in 0..3 {
+            assert!(b.try_take(t0));
+        }
+        assert!(!b.try_take(t0));
+        // 60 a minute: one a second, exactly.
+        assert!(!b.try_take(t0 + Duration::from_millis(999)));
+        assert!(b.try_take(t0 + S));
+        assert!(!b.try_take(t0 + S));
+        // Half a token and half a token make one.
+        assert!(!b.try_take(t0 + Duration::from_millis(1500)));
+        assert!(b.try_take(t0 + 2 * S));
+        // A long pause refills only up to the burst.
+        let later = t0 + 600 * S;
+        for _ in 0..3 {
+            assert!(b.try_take(later));
+        }
+        assert!(!b.try_take(later));
+        // A clock going back adds nothing and breaks nothing.
+        assert!(!b.try_take(t0));
+        assert!(b.try_take(later + S));
+    }
+
+    #[test]
+    fn slow_rates_and_huge_values_are_exact_and_do_not_overflow() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(1, 1, t0);
+        assert!(b.try_take(t0));
+        assert!(!b.try_take(t0 + 59 * S));
+        assert!(b.try_take(t0 + 60 * S));
+        let mut b = TokenBucket::new(u32::MAX, u32::MAX, t0);
+        // A century later, at the largest rate: no overflow.
+        assert!(b.try_take(t0 + Duration::from_secs(100 * 365 * 86_400)));
+    }
+
+    #[test]
+    fn drops_are_counted_and_warned_about_once_a_minute_with_the_count() {
+        let t0 = Instant::now();
+        let dropped = Counter::default();
+        let l = EventLimit::starting_at(1, 0, dropped.clone(), t0);
+        assert_eq!(l.admit_at(t0), Admission::Post);
+        // The first drop warns at once.
+        assert_eq!(l.admit_at(t0), Admission::Drop { warn: Some(1) });
+        assert_eq!(l.admit_at(t0 + S), Admission::Drop { warn: None });
+        assert_eq!(l.admit_at(t0 + 59 * S), Admission::Drop { warn: None });
+        // A minute after the last warning: the three since then.
+        assert_eq!(l.admit_at(t0 + 60 * S), Admission::Drop { warn: Some(3) });
+        assert_eq!(l.admit_at(t0 + 61 * S), Admission::Drop { warn: None });
+        assert_eq!(l.admit_at(t0 + 200 * S), Admission::Drop { warn: Some(2) });
+        assert_eq!(dropped.get(), 6);
     }
 }

@@ -9,7 +9,7 @@ use lookout_model::{ContainerEvent, EventKind};
 use lookout_probe::{Mode, ProbeOptions, ProbeReport};
 use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
 
-use crate::hooks::{Events, HookSettings, HookSink};
+use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
 use crate::merge;
 
 /// The output format of events.
@@ -109,6 +109,29 @@ pub struct RunArgs {
     /// values (secrets), readable by anyone who may list Events.
     #[arg(long)]
     k8s_events_unsafe_values: bool,
+    /// At most this many Events at once; the rate limit's burst (at
+    /// least 1 with --k8s-events).
+    #[arg(long, default_value = "25", value_name = "N")]
+    k8s_events_burst: u32,
+    /// Events allowed per minute after the burst (0: none). Events over
+    /// the limit are dropped, never queued.
+    #[arg(long, default_value = "60", value_name = "N")]
+    k8s_events_per_minute: u32,
+}
+
+impl RunArgs {
+    /// Checks across flags that clap cannot express: what would make a flag
+    /// meaningless.
+    fn check(&self) -> Result<(), String> {
+        if self.k8s_events && self.k8s_events_burst == 0 {
+            return Err(
+                "invalid value '0' for '--k8s-events-burst <N>': with --k8s-events it \
+                 must be at least 1 (a burst of 0 would drop every Event)"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Runtime paths are host paths: a relative one would be resolved against
@@ -294,6 +317,10 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+    if let Err(why) = args.check() {
+        // Exit 2 with clap's format, like a bad value clap itself refused.
+        clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n")).exit();
+    }
     raise_nofile_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -381,10 +408,19 @@ async fn run_async(
                          annotation values, secrets included; anyone who may list Events can read them"
                     );
                 }
+                // N.B. counted, but not on /metrics yet: the registry lives
+                // in serve.rs, where it is to be registered as
+                // lookout_k8s_events_dropped_total (issue #11, item 4).
+                let dropped = prometheus_client::metrics::counter::Counter::default();
                 Some(Events {
                     client,
                     node: node.clone(),
                     unsafe_values: args.k8s_events_unsafe_values,
+                    limit: std::sync::Arc::new(EventLimit::new(
+                        args.k8s_events_burst,
+                        args.k8s_events_per_minute,
+                        dropped,
+                    )),
                 })
             }
             (Err(e), _) => {

@@ -369,6 +369,11 @@ fn events_agent(rt: &Runtime, server: &ApiServer, dir: &Path, extra: &[&str]) ->
         &[
             ("NODE_NAME", "node-a"),
             ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+            // Each dropped Event is logged at debug, with its container.
+            (
+                "LOOKOUT_LOG",
+                "info,lookout_runtime_hook=debug,lookout::hooks=debug",
+            ),
         ],
         None,
     )
@@ -432,6 +437,83 @@ fn new_containers_are_posted_as_kubernetes_events() {
 }
 
 #[test]
+fn kubernetes_events_over_the_rate_limit_are_dropped_and_counted() {
+    if !ready("k8s_events_limit") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = events_agent(
+        &rt,
+        &server,
+        dir.path(),
+        &["--k8s-events-burst", "2", "--k8s-events-per-minute", "0"],
+    );
+    let ids: Vec<String> = (0..5).map(|i| id(&format!("k8s-limit-{i}"))).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let b = bundle::busybox(&dir.path().join(format!("b{i}")), &["true"], |_| {});
+        rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), id]);
+    }
+    for id in &ids {
+        agent.wait_event(id, "added", Duration::from_secs(10));
+        rt.cleanup(id);
+    }
+    // Every container the agent reports goes through the limit once:
+    // posted or dropped. N.B. that includes other tests' containers its
+    // start-up state scan found; with none, `added` is our 5.
+    let dropped_lines = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("Kubernetes Event dropped: over the rate limit"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (added, posted, dropped) = loop {
+        let added = {
+            let all = agent.events.lock().unwrap_or_else(|e| e.into_inner());
+            all.iter().filter(|e| e["event"] == "added").count()
+        };
+        let posted = server.events();
+        let dropped = dropped_lines(&agent.log());
+        if posted.len() + dropped.len() == added {
+            break (added, posted, dropped);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{added} added, {} posted, {} dropped:\n{}",
+            posted.len(),
+            dropped.len(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(posted.len(), 2, "the burst, then nothing: {posted:?}");
+    assert_eq!(dropped.len(), added - 2, "{}", agent.log());
+    // Each of ours was either posted or dropped, never both.
+    for id in &ids {
+        let was_posted = posted
+            .iter()
+            .any(|e| e["note"].as_str().is_some_and(|n| n.contains(id.as_str())));
+        let was_dropped = dropped.iter().any(|l| l.contains(id.as_str()));
+        assert!(
+            was_posted != was_dropped,
+            "{id}: posted {was_posted}, dropped {was_dropped}"
+        );
+    }
+    // Warned once (the first drop), not once per Event.
+    let log = agent.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("Kubernetes Events dropped"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(warnings[0].contains("dropped=1"), "{}", warnings[0]);
+    let (status, _) = agent.stop();
+    assert!(status.success());
+}
+
+#[test]
 fn with_unsafe_values_the_event_note_carries_env_and_annotation_values() {
     if !ready("k8s_events_unsafe") {
         return;
@@ -465,6 +547,31 @@ fn with_unsafe_values_the_event_note_carries_env_and_annotation_values() {
     assert_eq!(warned, 1, "one warning at start-up: {log}");
     let (status, _) = agent.stop();
     assert!(status.success());
+}
+
+#[test]
+fn bad_event_rate_limits_are_refused_with_exit_code_2() {
+    // Checked before anything runs: no root needed.
+    for (with, flag, value) in [
+        (&["--k8s-events"][..], "--k8s-events-burst", "0"),
+        (&[], "--k8s-events-burst", "-1"),
+        (&["--k8s-events"], "--k8s-events-per-minute", "many"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lookout"))
+            .arg("run")
+            .args(with)
+            .arg(format!("{flag}={value}"))
+            .args(["--listen", "127.0.0.1:0"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run lookout");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value) && !err.contains("panicked"),
+            "{flag} {value}: {err}"
+        );
+    }
 }
 
 #[test]
