@@ -125,8 +125,8 @@ pub enum Admission {
 /// The per-node rate limit of Kubernetes Events (`--k8s-events-burst`,
 /// `--k8s-events-per-minute`): a [`TokenBucket`] behind a mutex held for
 /// a few arithmetic operations, never across an await. Events over the
-/// limit are dropped, never queued: counted in `dropped` (meant for
-/// `lookout_k8s_events_dropped_total`) and warned about at most once per
+/// limit are dropped, never queued: counted in `dropped`
+/// (`lookout_k8s_events_dropped_total`) and warned about at most once per
 /// [`DROP_WARNING_INTERVAL`].
 pub struct EventLimit {
     state: Mutex<LimitState>,

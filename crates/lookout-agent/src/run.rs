@@ -408,10 +408,7 @@ async fn run_async(
                          annotation values, secrets included; anyone who may list Events can read them"
                     );
                 }
-                // N.B. counted, but not on /metrics yet: the registry lives
-                // in serve.rs, where it is to be registered as
-                // lookout_k8s_events_dropped_total (issue #11, item 4).
-                let dropped = prometheus_client::metrics::counter::Counter::default();
+                let dropped = metrics.k8s_events_dropped();
                 Some(Events {
                     client,
                     node: node.clone(),

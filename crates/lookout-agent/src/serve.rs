@@ -79,6 +79,7 @@ pub struct Metrics {
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
+    k8s_events_dropped: Counter,
 }
 
 impl Metrics {
@@ -162,7 +163,14 @@ impl Metrics {
              0 when none waits; a start held for prestart hooks counts",
             oldest_unanswered.clone(),
         );
+        let k8s_events_dropped = Counter::default();
+        registry.register(
+            "k8s_events_dropped",
+            "Kubernetes Events dropped over --k8s-events-burst/--k8s-events-per-minute",
+            k8s_events_dropped.clone(),
+        );
         Metrics {
+            k8s_events_dropped,
             oldest_unanswered,
             http_refused,
             ignored,
@@ -217,6 +225,11 @@ impl Metrics {
 
     pub fn stdout_dropped(&self) {
         self.stdout_dropped.inc();
+    }
+
+    /// The counter of Kubernetes Events dropped by the rate limit.
+    pub fn k8s_events_dropped(&self) -> Counter {
+        self.k8s_events_dropped.clone()
     }
 
     fn encode(&self) -> String {

@@ -490,6 +490,11 @@ fn kubernetes_events_over_the_rate_limit_are_dropped_and_counted() {
     };
     assert_eq!(posted.len(), 2, "the burst, then nothing: {posted:?}");
     assert_eq!(dropped.len(), added - 2, "{}", agent.log());
+    assert_eq!(
+        metric(&agent.metrics(), "lookout_k8s_events_dropped_total"),
+        Some((added - 2) as f64),
+        "3 with no other test's container"
+    );
     // Each of ours was either posted or dropped, never both.
     for id in &ids {
         let was_posted = posted
