@@ -261,6 +261,34 @@ fn u64_at(buf: &[u8], off: usize) -> u64 {
 /// The buffer must come from `read(2)` on a fanotify fd: the fds in it are
 /// taken over (and eventually closed) by the returned events.
 pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> Result<(), Error> {
+    parse_with(buf, out, |fd, mask| {
+        if fd < 0 {
+            return EventFile::None;
+        }
+        // SAFETY: a non-negative fd in an event read from the group was
+        // installed in our fd table by the kernel for us alone (the
+        // caller's contract).
+        let owned = unsafe { sys::adopt_fd(fd) };
+        if mask.is_permission() {
+            EventFile::Permission(Permission {
+                group: Arc::clone(group),
+                fd: owned,
+                answered: false,
+            })
+        } else {
+            EventFile::Plain(owned)
+        }
+    })
+}
+
+/// [`parse`] with the adoption of each event's fd left to `adopt`, called
+/// exactly once per event header reached, before anything else about that
+/// event is checked.
+fn parse_with(
+    buf: &[u8],
+    out: &mut Vec<Event>,
+    mut adopt: impl FnMut(i32, Mask) -> EventFile,
+) -> Result<(), Error> {
     let mut off = 0;
     // The first problem found; parsing goes on past an event whose length
     // can still be trusted, so that every later event's fd is adopted (and
@@ -282,22 +310,7 @@ pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> R
         let fd = i32_at(rest, 16);
         let pid = i32_at(rest, 20);
 
-        let file = if fd >= 0 {
-            // SAFETY: a non-negative fd in an event read from the group was
-            // installed in our fd table by the kernel for us alone.
-            let owned = unsafe { sys::adopt_fd(fd) };
-            if mask.is_permission() {
-                EventFile::Permission(Permission {
-                    group: Arc::clone(group),
-                    fd: owned,
-                    answered: false,
-                })
-            } else {
-                EventFile::Plain(owned)
-            }
-        } else {
-            EventFile::None
-        };
+        let file = adopt(fd, mask);
         let mut event = Event {
             mask,
             pid,
@@ -344,6 +357,36 @@ pub(crate) fn parse(buf: &[u8], group: &Arc<OwnedFd>, out: &mut Vec<Event>) -> R
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The parser, for fuzzing: `cfg(fuzzing)` only (cargo-fuzz sets it).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Parses `buf` as if read from a group, without taking any fd: the
+    /// events' fds are recorded instead. Returns the fd field of every
+    /// event header the parser reached, in order, and whether it accepted
+    /// the whole buffer. Panics if an event was handed out without its fd
+    /// being seen first, or if the events do not account for the buffer.
+    pub fn parse(buf: &[u8]) -> (Vec<i32>, bool) {
+        let mut fds = Vec::new();
+        let mut out = Vec::new();
+        let ok = parse_with(buf, &mut out, |fd, _| {
+            fds.push(fd);
+            EventFile::None
+        })
+        .is_ok();
+        assert_eq!(out.len(), fds.len(), "every event's fd is seen once");
+        for e in &out {
+            let _ = (e.mask(), e.pid(), e.info(), e.info_error(), e.path());
+        }
+        if ok {
+            assert!(buf.is_empty() || !out.is_empty());
+        }
+        (fds, ok)
     }
 }
 

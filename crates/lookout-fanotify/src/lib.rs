@@ -62,6 +62,9 @@ mod sys;
 
 #[cfg(feature = "tokio")]
 pub use async_fd::AsyncFanotify;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use event::fuzzing;
 pub use event::{Event, FidKind, FileHandle, InfoRecord, Permission, Response};
 pub use flags::{Class, MarkFlags, Mask, Report};
 pub use group::{Builder, Fanotify, MIN_READ_BUFFER};

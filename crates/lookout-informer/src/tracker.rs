@@ -35,7 +35,9 @@ pub struct Tracker {
 /// `cri-o://<id>`, `docker://<id>`). `None` for an empty or malformed one.
 pub fn parse_container_id(s: &str) -> Option<(RuntimeKind, &str)> {
     let (runtime, id) = s.split_once("://")?;
-    if id.is_empty() || runtime.is_empty() {
+    // The API server is another party: an id that is not one (a path, a
+    // NUL) is refused here, before it reaches hooks or events.
+    if runtime.is_empty() || !lookout_model::valid_container_id(id) {
         return None;
     }
     Some((RuntimeKind::from_binary_name(runtime), id))
@@ -307,5 +309,10 @@ mod tests {
         assert!(parse_container_id("").is_none());
         assert!(parse_container_id("containerd://").is_none());
         assert!(parse_container_id("abc").is_none());
+        // From a hostile API server: ids that would be paths.
+        assert!(parse_container_id("containerd://../../etc").is_none());
+        assert!(parse_container_id("containerd://a/b").is_none());
+        assert!(parse_container_id("containerd://..").is_none());
+        assert!(parse_container_id("containerd://a\0b").is_none());
     }
 }

@@ -28,6 +28,19 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// Checks a container id the way runc does (`^[\w+-\.]+$`, not `.` or
+/// `..`, at most 1024 bytes). Ids become path components (state
+/// directories, hook state): every source of ids checks them so.
+pub fn valid_container_id(id: &str) -> bool {
+    !id.is_empty()
+        && id != "."
+        && id != ".."
+        && id.len() <= 1024
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
+}
+
 /// Receives container events from a discovery backend.
 ///
 /// The runtime hook calls it on its own task *before* the runtime exec that

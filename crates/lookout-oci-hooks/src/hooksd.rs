@@ -176,7 +176,8 @@ pub struct Loaded {
 /// Hook files are small; a bigger one is refused without being parsed.
 pub const MAX_HOOK_FILE_BYTES: u64 = 1 << 20;
 
-/// Parses one hook file.
+/// Loads one hook file: a regular file of at most [`MAX_HOOK_FILE_BYTES`],
+/// [parsed](parse_file), whose `hook.path` exists.
 pub fn load_file(path: &Path) -> Result<HookConfig, String> {
     let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
     if !meta.is_file() {
@@ -186,7 +187,18 @@ pub fn load_file(path: &Path) -> Result<HookConfig, String> {
         return Err(format!("larger than {MAX_HOOK_FILE_BYTES} bytes"));
     }
     let text = std::fs::read(path).map_err(|e| e.to_string())?;
-    let f: HookFile = serde_json::from_slice(&text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let c = parse_file(&text, path)?;
+    let p = c.hook.path();
+    if let Err(e) = std::fs::metadata(p) {
+        return Err(format!("hook.path {}: {e}", p.display()));
+    }
+    Ok(c)
+}
+
+/// Parses the bytes of hook file `path` (oci-hooks(5) version 1.0.0):
+/// everything [`load_file`] checks but the file system.
+pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, String> {
+    let f: HookFile = serde_json::from_slice(text).map_err(|e| format!("invalid JSON: {e}"))?;
     if f.version != "1.0.0" {
         return Err(format!(
             "version {:?}: only the oci-hooks(5) 1.0.0 format is supported",
@@ -196,9 +208,6 @@ pub fn load_file(path: &Path) -> Result<HookConfig, String> {
     let p = f.hook.path();
     if !p.is_absolute() {
         return Err(format!("hook.path {} is not absolute", p.display()));
-    }
-    if let Err(e) = std::fs::metadata(p) {
-        return Err(format!("hook.path {}: {e}", p.display()));
     }
     if let Some(t) = f.hook.timeout()
         && t <= 0

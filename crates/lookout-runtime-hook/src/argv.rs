@@ -197,16 +197,7 @@ fn flag(word: &str) -> Option<(&str, Option<&str>)> {
     })
 }
 
-/// Checks a container id the way runc does (`^[\w+-\.]+$`, not `.`/`..`).
-pub fn valid_container_id(id: &str) -> bool {
-    !id.is_empty()
-        && id != "."
-        && id != ".."
-        && id.len() <= 1024
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
-}
+pub use lookout_model::valid_container_id;
 
 /// Parses `argv` of a runtime exec. `binary_name` is the file name of the
 /// binary the kernel opened (used when argv\[0\] says nothing useful).

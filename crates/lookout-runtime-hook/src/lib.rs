@@ -27,7 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod argv;
-mod btf;
+pub mod btf;
 mod capture;
 mod gate;
 mod hook;

@@ -71,9 +71,8 @@ pub fn read_config_under(
             }),
     }
     .map_err(err)?;
-    let mut cfg: OciConfig =
-        serde_json::from_slice(&bytes).map_err(|e| err(format!("invalid JSON: {e}")))?;
-    if let Some(dropped) = bound_annotations(&mut cfg.annotations) {
+    let (cfg, dropped) = parse_config(&bytes).map_err(err)?;
+    if let Some(dropped) = dropped {
         tracing::warn!(
             path = %path.display(),
             dropped,
@@ -81,6 +80,16 @@ pub fn read_config_under(
         );
     }
     Ok(cfg)
+}
+
+/// Parses the bytes of a `config.json` (the fields lookout uses), keeping
+/// annotations within [`MAX_ANNOTATION_BYTES`] and [`MAX_ANNOTATIONS`];
+/// returns the config and how many annotations were dropped, if any.
+pub fn parse_config(bytes: &[u8]) -> Result<(OciConfig, Option<usize>), String> {
+    let mut cfg: OciConfig =
+        serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+    let dropped = bound_annotations(&mut cfg.annotations);
+    Ok((cfg, dropped))
 }
 
 /// The most annotation bytes (keys and values) kept per container: the

@@ -131,7 +131,10 @@ const PID_POLICY: crate::untrusted::Policy = crate::untrusted::Policy {
     root_owned: true,
 };
 
-pub(crate) fn parse_state(
+/// Parses a state file's bytes (runc's `state.json`, crun's `status`) for
+/// container `id`: its pid (never 0), start time and bundle. A state of
+/// another container is an error.
+pub fn parse_state(
     runtime: &RuntimeKind,
     id: &str,
     bytes: &[u8],
@@ -189,12 +192,18 @@ pub fn read_pid_file_under(host_root: &Path, path: &Path) -> Result<u32, Error> 
         reason,
     };
     let bytes = crate::untrusted::read(host_root, path, PID_POLICY).map_err(err)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| err("not UTF-8".into()))?;
+    parse_pid(&bytes).map_err(err)
+}
+
+/// Parses a pid file's bytes: a decimal pid other than 0, surrounding
+/// white space allowed.
+pub fn parse_pid(bytes: &[u8]) -> Result<u32, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
     match text.trim().parse::<u32>() {
-        Ok(0) | Err(_) => Err(err(format!(
+        Ok(0) | Err(_) => Err(format!(
             "not a pid: {:?}",
             text.chars().take(32).collect::<String>()
-        ))),
+        )),
         Ok(pid) => Ok(pid),
     }
 }
