@@ -21,7 +21,7 @@ pub struct Options {
 
 /// Where installed tools are cached: `$LOOKOUT_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/lookout`, else `~/.cache/lookout`.
-fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("LOOKOUT_CACHE_DIR") {
         return d.into();
     }
@@ -95,7 +95,7 @@ pub fn build_ebpf(opts: &Options) -> anyhow::Result<PathBuf> {
     Ok(dest)
 }
 
-fn ensure_toolchain(tc: &str) -> anyhow::Result<()> {
+pub(crate) fn ensure_toolchain(tc: &str) -> anyhow::Result<()> {
     let list = output(Command::new("rustup").args(["toolchain", "list"]))
         .context("step 'find rustup': rustup is not on PATH (install rustup: the BPF build needs a nightly toolchain)")?;
     if !list

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_inode;
 mod build_ebpf;
+mod fuzz;
 mod repeat;
 mod run;
 mod test;
@@ -30,6 +31,10 @@ enum Command {
     /// Measure exec overhead, discovery latency, churn, memory and start-up
     /// (root); writes target/bench/report.json.
     Bench(bench::Options),
+    /// Build the cargo-fuzz targets (nightly) and run each for `--time`
+    /// seconds on its seeds, regressions and earlier finds; writes
+    /// target/fuzz/report.json.
+    Fuzz(fuzz::Options),
 }
 
 fn main() {
@@ -39,6 +44,7 @@ fn main() {
         Command::Test(o) => test::test(&o),
         Command::Run(o) => run::run(&o),
         Command::Bench(o) => bench::bench(&o),
+        Command::Fuzz(o) => fuzz::fuzz(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");
