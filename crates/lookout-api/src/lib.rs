@@ -1,0 +1,8 @@
+//! lookout's consumer API (`lookout.v1`), generated from
+//! `proto/lookout/v1/lookout.proto`.
+#![allow(missing_docs)]
+
+/// The `lookout.v1` package.
+pub mod v1 {
+    tonic::include_proto!("lookout.v1");
+}

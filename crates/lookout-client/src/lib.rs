@@ -1,0 +1,1 @@
+//! Client for lookout's node-local gRPC API.
