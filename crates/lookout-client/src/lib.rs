@@ -1,1 +1,60 @@
-//! Client for lookout's node-local gRPC API.
+//! Async client for lookout's node-local API (`lookout.v1`, gRPC on a Unix
+//! socket, by default [`DEFAULT_SOCKET`]).
+//!
+//! # Overview
+//!
+//! - [`Client`] is a connection: [`Client::connect`] dials the socket,
+//!   retrying while the agent starts ([`ConnectOptions`]), and says clearly
+//!   when the socket is missing or not accessible.
+//! - [`Client::list`] returns the containers now and their revision.
+//! - [`Client::watch`] returns a [`Watcher`]: typed [`Event`]s, with a
+//!   `SNAPSHOT ... SNAPSHOT_END` sequence collapsed into one
+//!   [`Event::Snapshot`] holding the full set. When the stream drops (agent
+//!   restart, slow-consumer disconnect) it redials and resumes from the last
+//!   revision, with no event lost or repeated.
+//! - [`Client::gate`] returns a [`Gate`]: a [`HoldGuard`] per container start,
+//!   answered with [`HoldGuard::allow`] or [`HoldGuard::deny`]. A held guard
+//!   dropped unanswered allows the start (fail-open on drop).
+//! - [`Filter`] builds the filter the agent applies.
+//! - [`proto`] is the generated `lookout.v1` code ([`proto::Container`], ...).
+//!
+//! All failures are one [`Error`]; [`Error::is_retryable`] says whether
+//! trying again can help.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use lookout_client::{Client, Event, Filter};
+//!
+//! # async fn f() -> Result<(), lookout_client::Error> {
+//! let client = Client::connect(lookout_client::DEFAULT_SOCKET).await?;
+//! let mut watcher = client.watch(Filter::all().namespace("payments")).await?;
+//! loop {
+//!     match watcher.next().await? {
+//!         Event::Snapshot { containers, .. } => println!("{} running", containers.len()),
+//!         Event::Added { container, .. } => println!("+ {} pid {}", container.id, container.pid),
+//!         Event::Removed { container, .. } => println!("- {}", container.id),
+//!         _ => {}
+//!     }
+//! }
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod client;
+mod connect;
+mod error;
+mod filter;
+mod gate;
+mod watch;
+
+pub use client::Client;
+pub use connect::{ConnectOptions, DEFAULT_SOCKET};
+pub use error::Error;
+pub use filter::Filter;
+pub use gate::{DROPPED_UNANSWERED, Gate, HoldGuard};
+pub use watch::{Event, Watcher};
+
+/// The generated `lookout.v1` messages and gRPC stubs (from
+/// `lookout-api`), so that users need not depend on it themselves.
+pub use lookout_api::v1 as proto;
