@@ -1,0 +1,661 @@
+//! `lookout get` and `lookout watch`: the agent's consumer API from the
+//! command line, through `lookout-client`.
+//!
+//! The commands are thin: they connect, then hand what they receive to pure
+//! rendering functions ([`render_get`], [`render_event`]) that the tests
+//! check line by line. `crates/lookout-client/tests/cli_compiles.rs` also
+//! builds this file against the client and runs it against a stand-in
+//! server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lookout_client::proto::Container;
+use lookout_client::{Client, ConnectOptions, Event, Filter, Watcher};
+use serde_json::{Value, json};
+
+/// How `lookout get` prints the containers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GetOutput {
+    /// ID, RUNTIME, NAMESPACE/POD, CONTAINER, PID, AGE, SOURCE.
+    #[default]
+    Table,
+    /// The table, plus STATUS, IMAGE and BUNDLE.
+    Wide,
+    /// One JSON object: `{"revision": N, "containers": [...]}`.
+    Json,
+}
+
+/// How `lookout watch` prints events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchOutput {
+    /// `REV KIND ID RUNTIME NAMESPACE/POD PID`, one line per container.
+    #[default]
+    Text,
+    /// One JSON object per event (NDJSON).
+    Json,
+}
+
+/// Both commands wait briefly for an agent that is (re)starting. A watch
+/// retries each outage this long, warns, and tries again.
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new().retry_for(Duration::from_secs(2))
+}
+
+/// `lookout get`: lists the node's containers once.
+pub async fn get(socket: &Path, output: GetOutput) -> anyhow::Result<()> {
+    write_get(socket, output, &mut io::stdout()).await
+}
+
+/// [`get`], writing to `out`.
+pub(crate) async fn write_get(
+    socket: &Path,
+    output: GetOutput,
+    out: &mut (impl Write + Send),
+) -> anyhow::Result<()> {
+    let client = Client::connect_with(socket, connect_options()).await?;
+    let (revision, containers) = client.list(Filter::all()).await?;
+    let text = render_get(revision, &containers, output, now_unix_ms());
+    ignore_closed_pipe(out.write_all(text.as_bytes()).and_then(|()| out.flush()))
+}
+
+/// `lookout watch`: prints every change after `since` (0: the containers
+/// now first, as `SNAPSHOT` lines) until interrupted or stdout closes.
+/// Survives agent restarts (see `lookout_client::Watcher`).
+pub async fn watch(socket: &Path, output: WatchOutput, since: u64) -> anyhow::Result<()> {
+    let client = Client::connect_with(socket, connect_options()).await?;
+    let watcher = client.watch_since(Filter::all(), since).await?;
+    print_events(watcher, output, &mut io::stdout()).await
+}
+
+/// Writes each event to `out`, flushed, until writing fails. A closed pipe
+/// (`lookout watch | head`) ends it quietly; a retryable error is warned
+/// about and retried; any other error ends it.
+pub(crate) async fn print_events(
+    mut watcher: Watcher,
+    output: WatchOutput,
+    out: &mut (impl Write + Send),
+) -> anyhow::Result<()> {
+    loop {
+        let event = match watcher.next().await {
+            Ok(event) => event,
+            Err(error) if error.is_retryable() => {
+                let error = anyhow::Error::new(error);
+                eprintln!("lookout watch: {error:#}; still trying");
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let written = out
+            .write_all(render_event(&event, output).as_bytes())
+            .and_then(|()| out.flush());
+        if let Err(error) = written {
+            return ignore_closed_pipe(Err(error));
+        }
+    }
+}
+
+fn ignore_closed_pipe(result: io::Result<()>) -> anyhow::Result<()> {
+    match result {
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
+/// What `lookout get` prints, given the time now.
+pub fn render_get(
+    revision: u64,
+    containers: &[Container],
+    output: GetOutput,
+    now_unix_ms: i64,
+) -> String {
+    match output {
+        GetOutput::Table => render_table(containers, now_unix_ms, false),
+        GetOutput::Wide => render_table(containers, now_unix_ms, true),
+        // `{:#}` pretty-prints a serde_json::Value.
+        GetOutput::Json => format!("{:#}\n", list_json(revision, containers)),
+    }
+}
+
+/// A `kubectl get`-style table: a header, one row per container sorted by
+/// namespace, pod, container name and id, columns three spaces apart.
+pub fn render_table(containers: &[Container], now_unix_ms: i64, wide: bool) -> String {
+    let mut header = vec![
+        "ID",
+        "RUNTIME",
+        "NAMESPACE/POD",
+        "CONTAINER",
+        "PID",
+        "AGE",
+        "SOURCE",
+    ];
+    if wide {
+        header.extend(["STATUS", "IMAGE", "BUNDLE"]);
+    }
+    let mut sorted: Vec<&Container> = containers.iter().collect();
+    sorted.sort_by(|a, b| {
+        let key = |c: &Container| {
+            let k8s = c.kubernetes.clone().unwrap_or_default();
+            (k8s.namespace, k8s.pod, k8s.container, c.id.clone())
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for c in sorted {
+        let k8s = c.kubernetes.as_ref();
+        let mut row = vec![
+            cell(&c.id.chars().take(13).collect::<String>()),
+            cell(&c.runtime),
+            namespace_pod(c),
+            cell(k8s.map_or("", |k| k.container.as_str())),
+            pid(c.pid),
+            format_age(c.added_unix_ms, now_unix_ms),
+            cell(&c.source),
+        ];
+        if wide {
+            row.extend([
+                cell(&c.status),
+                cell(k8s.map_or("", |k| k.image.as_str())),
+                cell(&c.bundle),
+            ]);
+        }
+        rows.push(row);
+    }
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut text = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', width - cell.chars().count() + 3));
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// A table cell: `-` for empty, control characters escaped so that what
+/// a container reports cannot break the table or drive the terminal.
+fn cell(value: &str) -> String {
+    if value.is_empty() {
+        return "-".to_owned();
+    }
+    value
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// `namespace/pod`, or `-` without Kubernetes identity.
+fn namespace_pod(c: &Container) -> String {
+    match c.kubernetes.as_ref() {
+        Some(k) if !k.pod.is_empty() => cell(&format!("{}/{}", k.namespace, k.pod)),
+        _ => "-".to_owned(),
+    }
+}
+
+fn pid(pid: u32) -> String {
+    if pid == 0 {
+        "-".to_owned()
+    } else {
+        pid.to_string()
+    }
+}
+
+/// The AGE column: the time since `added_unix_ms`, as kubectl shows it;
+/// `<unknown>` when the agent did not say (0).
+pub fn format_age(added_unix_ms: i64, now_unix_ms: i64) -> String {
+    if added_unix_ms <= 0 {
+        return "<unknown>".to_owned();
+    }
+    human_duration(now_unix_ms.saturating_sub(added_unix_ms))
+}
+
+/// kubectl's `HumanDuration` (k8s.io/apimachinery/pkg/util/duration): two
+/// significant units while they matter (`3m12s`, `2h5m`, `3d4h`), one
+/// after (`15m`, `47h`, `30d`). Up to a second in the future is "now"
+/// (clock skew); more is `<invalid>`.
+pub fn human_duration(ms: i64) -> String {
+    let seconds = ms / 1000;
+    if seconds < -1 {
+        return "<invalid>".to_owned();
+    }
+    if seconds < 0 {
+        return "0s".to_owned();
+    }
+    if seconds < 60 * 2 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        return match seconds % 60 {
+            0 => format!("{minutes}m"),
+            s => format!("{minutes}m{s}s"),
+        };
+    }
+    if minutes < 60 * 3 {
+        return format!("{minutes}m");
+    }
+    let hours = minutes / 60;
+    if hours < 8 {
+        return match minutes % 60 {
+            0 => format!("{hours}h"),
+            m => format!("{hours}h{m}m"),
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    let days = hours / 24;
+    if hours < 24 * 8 {
+        return match hours % 24 {
+            0 => format!("{days}d"),
+            h => format!("{days}d{h}h"),
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{days}d");
+    }
+    let years = days / 365;
+    if hours < 24 * 365 * 8 {
+        return match days % 365 {
+            0 => format!("{years}y"),
+            d => format!("{years}y{d}d"),
+        };
+    }
+    format!("{years}y")
+}
+
+/// `lookout get -o json`: the revision and every container.
+pub fn list_json(revision: u64, containers: &[Container]) -> Value {
+    json!({
+        "revision": revision,
+        "containers": containers.iter().map(container_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A map as a JSON object with sorted keys, so the output is stable.
+fn sorted(map: &HashMap<String, String>) -> BTreeMap<&str, &str> {
+    map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// A container as JSON, with the proto's field names.
+pub fn container_json(c: &Container) -> Value {
+    json!({
+        "id": c.id,
+        "runtime": c.runtime,
+        "pid": c.pid,
+        "status": c.status,
+        "bundle": c.bundle,
+        "cgroup": c.cgroup,
+        "annotations": sorted(&c.annotations),
+        "args": c.args,
+        "kubernetes": c.kubernetes.as_ref().map(|k| json!({
+            "namespace": k.namespace,
+            "pod": k.pod,
+            "pod_uid": k.pod_uid,
+            "container": k.container,
+            "image": k.image,
+            "labels": sorted(&k.labels),
+        })),
+        "source": c.source,
+        "added_monotonic_ns": c.added_monotonic_ns,
+        "added_unix_ms": c.added_unix_ms,
+        "namespaces": c.namespaces.as_ref().map(|n| json!({
+            "mnt": n.mnt,
+            "pid": n.pid,
+            "net": n.net,
+            "user": n.user,
+            "uts": n.uts,
+            "ipc": n.ipc,
+            "cgroup": n.cgroup,
+        })),
+    })
+}
+
+/// What `lookout watch` prints for one event, newline-terminated (empty for
+/// an event kind this build does not know).
+///
+/// Text: `REV ADDED id runtime ns/pod pid`; `REMOVED` adds `exit=N` and
+/// `reason="..."` when known; a snapshot is one `SNAPSHOT` line per
+/// container and a closing `REV SNAPSHOT_END count`. JSON: one object per
+/// event, with `kind` as in the proto.
+pub fn render_event(event: &Event, output: WatchOutput) -> String {
+    match output {
+        WatchOutput::Text => event_text(event),
+        WatchOutput::Json => match event_json(event) {
+            Some(value) => format!("{value}\n"),
+            None => String::new(),
+        },
+    }
+}
+
+fn event_text(event: &Event) -> String {
+    let line = |revision: u64, kind: &str, c: &Container| {
+        format!(
+            "{revision} {kind} {} {} {} {}",
+            cell(&c.id),
+            cell(&c.runtime),
+            namespace_pod(c),
+            pid(c.pid)
+        )
+    };
+    match event {
+        Event::Snapshot {
+            revision,
+            containers,
+        } => {
+            let mut text = String::new();
+            for c in containers {
+                text.push_str(&line(*revision, "SNAPSHOT", c));
+                text.push('\n');
+            }
+            text.push_str(&format!("{revision} SNAPSHOT_END {}\n", containers.len()));
+            text
+        }
+        Event::Added {
+            revision,
+            container,
+            ..
+        } => format!("{}\n", line(*revision, "ADDED", container)),
+        Event::Removed {
+            revision,
+            container,
+            exit_code,
+            reason,
+            ..
+        } => {
+            let mut text = line(*revision, "REMOVED", container);
+            if let Some(code) = exit_code {
+                text.push_str(&format!(" exit={code}"));
+            }
+            if !reason.is_empty() {
+                text.push_str(&format!(" reason={reason:?}"));
+            }
+            text.push('\n');
+            text
+        }
+        _ => String::new(),
+    }
+}
+
+fn event_json(event: &Event) -> Option<Value> {
+    Some(match event {
+        Event::Snapshot {
+            revision,
+            containers,
+        } => json!({
+            "kind": "SNAPSHOT",
+            "revision": revision,
+            "containers": containers.iter().map(container_json).collect::<Vec<_>>(),
+        }),
+        Event::Added {
+            revision,
+            container,
+            monotonic_ns,
+        } => json!({
+            "kind": "ADDED",
+            "revision": revision,
+            "monotonic_ns": monotonic_ns,
+            "container": container_json(container),
+        }),
+        Event::Removed {
+            revision,
+            container,
+            exit_code,
+            reason,
+            monotonic_ns,
+        } => json!({
+            "kind": "REMOVED",
+            "revision": revision,
+            "monotonic_ns": monotonic_ns,
+            "exit_code": exit_code,
+            "reason": reason,
+            "container": container_json(container),
+        }),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lookout_client::proto::{Kubernetes, Namespaces};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn pod_container() -> Container {
+        Container {
+            id: "0123456789abcdef0123".into(),
+            runtime: "runc".into(),
+            pid: 4242,
+            status: "running".into(),
+            bundle: "/run/containerd/io.containerd.runtime.v2.task/k8s.io/0123".into(),
+            source: "runtime-hook".into(),
+            added_unix_ms: NOW - 5_000,
+            kubernetes: Some(Kubernetes {
+                namespace: "payments".into(),
+                pod: "api-7d9f".into(),
+                container: "server".into(),
+                image: "registry.example/api:1.2".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn bare_container() -> Container {
+        Container {
+            id: "feed".into(),
+            runtime: "crun".into(),
+            source: "scan".into(),
+            added_unix_ms: NOW - 3 * 3_600_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let s = 1000;
+        let cases = [
+            (5 * s, "5s"),
+            (119 * s, "119s"),
+            (3 * 60 * s, "3m"),
+            ((3 * 60 + 12) * s, "3m12s"),
+            (15 * 60 * s, "15m"),
+            (179 * 60 * s, "179m"),
+            // Minutes up to 3 h, as kubectl.
+            (2 * 3600 * s, "120m"),
+            (3 * 3600 * s, "3h"),
+            ((5 * 3600 + 5 * 60) * s, "5h5m"),
+            (47 * 3600 * s, "47h"),
+            ((3 * 24 + 4) * 3600 * s, "3d4h"),
+            (30 * 24 * 3600 * s, "30d"),
+            (730 * 24 * 3600 * s, "2y"),
+            (((3 * 365) + 5) * 24 * 3600 * s, "3y5d"),
+            (9 * 365 * 24 * 3600 * s, "9y"),
+            (-1500, "0s"),
+            (-5 * s, "<invalid>"),
+        ];
+        for (ms, expected) in cases {
+            assert_eq!(human_duration(ms), expected, "{ms} ms");
+        }
+        assert_eq!(format_age(NOW - 5_000, NOW), "5s");
+        assert_eq!(format_age(0, NOW), "<unknown>");
+    }
+
+    #[test]
+    fn the_table_is_sorted_aligned_and_truncates_ids() {
+        let table = render_table(&[pod_container(), bare_container()], NOW, false);
+        let expected = "\
+ID              RUNTIME   NAMESPACE/POD       CONTAINER   PID    AGE   SOURCE
+feed            crun      -                   -           -      3h    scan
+0123456789abc   runc      payments/api-7d9f   server      4242   5s    runtime-hook
+";
+        assert_eq!(table, expected);
+    }
+
+    #[test]
+    fn wide_adds_status_image_and_bundle() {
+        let table = render_get(7, &[pod_container()], GetOutput::Wide, NOW);
+        let mut lines = table.lines();
+        let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+        assert_eq!(
+            header,
+            [
+                "ID",
+                "RUNTIME",
+                "NAMESPACE/POD",
+                "CONTAINER",
+                "PID",
+                "AGE",
+                "SOURCE",
+                "STATUS",
+                "IMAGE",
+                "BUNDLE"
+            ]
+        );
+        let row: Vec<&str> = lines.next().expect("row").split_whitespace().collect();
+        assert_eq!(
+            row[7..],
+            [
+                "running",
+                "registry.example/api:1.2",
+                "/run/containerd/io.containerd.runtime.v2.task/k8s.io/0123"
+            ]
+        );
+        assert_eq!(lines.next(), None);
+    }
+
+    #[test]
+    fn an_empty_node_is_a_header() {
+        let table = render_get(0, &[], GetOutput::Table, NOW);
+        assert_eq!(
+            table,
+            "ID   RUNTIME   NAMESPACE/POD   CONTAINER   PID   AGE   SOURCE\n"
+        );
+    }
+
+    #[test]
+    fn control_characters_cannot_break_the_table() {
+        let mut c = bare_container();
+        c.runtime = "evil\n\u{1b}[2J".into();
+        let table = render_table(&[c], NOW, false);
+        assert_eq!(table.lines().count(), 2, "{table}");
+        assert!(table.contains("evil\\n\\u{1b}[2J"), "{table}");
+    }
+
+    #[test]
+    fn json_lists_the_revision_and_every_field() {
+        let mut c = pod_container();
+        c.annotations.insert("b".into(), "2".into());
+        c.annotations.insert("a".into(), "1".into());
+        c.namespaces = Some(Namespaces {
+            mnt: 4026531841,
+            ..Default::default()
+        });
+        let text = render_get(9, &[c, bare_container()], GetOutput::Json, NOW);
+        let value: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(value["revision"], 9);
+        let first = &value["containers"][0];
+        assert_eq!(first["id"], "0123456789abcdef0123");
+        assert_eq!(first["kubernetes"]["pod"], "api-7d9f");
+        assert_eq!(first["namespaces"]["mnt"], 4026531841_u64);
+        assert_eq!(first["added_unix_ms"], NOW - 5_000);
+        // Sorted, so the output is stable.
+        assert!(
+            text.find("\"a\": \"1\"") < text.find("\"b\": \"2\""),
+            "{text}"
+        );
+        let second = &value["containers"][1];
+        assert_eq!(second["kubernetes"], Value::Null);
+        assert_eq!(second["namespaces"], Value::Null);
+    }
+
+    #[test]
+    fn watch_text_has_one_line_per_container() {
+        let snapshot = Event::Snapshot {
+            revision: 4,
+            containers: vec![pod_container(), bare_container()],
+        };
+        assert_eq!(
+            render_event(&snapshot, WatchOutput::Text),
+            "4 SNAPSHOT 0123456789abcdef0123 runc payments/api-7d9f 4242\n\
+             4 SNAPSHOT feed crun - -\n\
+             4 SNAPSHOT_END 2\n"
+        );
+        let added = Event::Added {
+            revision: 5,
+            container: pod_container(),
+            monotonic_ns: 1,
+        };
+        assert_eq!(
+            render_event(&added, WatchOutput::Text),
+            "5 ADDED 0123456789abcdef0123 runc payments/api-7d9f 4242\n"
+        );
+        let removed = Event::Removed {
+            revision: 6,
+            container: bare_container(),
+            exit_code: Some(1),
+            reason: "denied by gate tracer: \"no\"".into(),
+            monotonic_ns: 2,
+        };
+        assert_eq!(
+            render_event(&removed, WatchOutput::Text),
+            "6 REMOVED feed crun - - exit=1 reason=\"denied by gate tracer: \\\"no\\\"\"\n"
+        );
+    }
+
+    #[test]
+    fn watch_json_is_one_object_per_line() {
+        let removed = Event::Removed {
+            revision: 6,
+            container: bare_container(),
+            exit_code: None,
+            reason: String::new(),
+            monotonic_ns: 2,
+        };
+        let line = render_event(&removed, WatchOutput::Json);
+        assert_eq!(line.matches('\n').count(), 1);
+        let value: Value = serde_json::from_str(&line).expect("valid JSON");
+        assert_eq!(value["kind"], "REMOVED");
+        assert_eq!(value["revision"], 6);
+        assert_eq!(value["exit_code"], Value::Null);
+        assert_eq!(value["container"]["id"], "feed");
+
+        let snapshot = Event::Snapshot {
+            revision: 4,
+            containers: vec![bare_container()],
+        };
+        let line = render_event(&snapshot, WatchOutput::Json);
+        assert_eq!(line.matches('\n').count(), 1);
+        let value: Value = serde_json::from_str(&line).expect("valid JSON");
+        assert_eq!(value["kind"], "SNAPSHOT");
+        assert_eq!(value["containers"][0]["runtime"], "crun");
+    }
+}
