@@ -58,3 +58,8 @@ pub use watch::{Event, Watcher};
 /// The generated `lookout.v1` messages and gRPC stubs (from
 /// `lookout-api`), so that users need not depend on it themselves.
 pub use lookout_api::v1 as proto;
+
+// Compiles the README's examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
