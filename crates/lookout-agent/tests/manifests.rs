@@ -134,6 +134,26 @@ fn the_daemonset_is_what_the_deploy_guide_promises() {
         .and_then(|m| m.iter().find(|m| m.mount_path == "/host"))
         .expect("host root mount");
     assert_eq!(host.read_only, Some(true), "the host root is read-only");
+    // The consumer API's socket lives in the host's /run/lookout, where
+    // consumers' pods mount it from (docs/consumers.md).
+    let api = c
+        .volume_mounts
+        .as_ref()
+        .and_then(|m| m.iter().find(|m| m.mount_path == "/run/lookout"))
+        .expect("/run/lookout mount");
+    assert_ne!(api.read_only, Some(true), "the agent creates its socket there");
+    let api_host = pod
+        .volumes
+        .as_ref()
+        .and_then(|v| v.iter().find(|v| v.name == api.name))
+        .and_then(|v| v.host_path.as_ref())
+        .expect("/run/lookout is a hostPath volume");
+    assert_eq!(api_host.path, "/run/lookout", "the host's /run/lookout");
+    assert_eq!(
+        api_host.type_.as_deref(),
+        Some("DirectoryOrCreate"),
+        "the agent's pod may be the first to need it"
+    );
     let sc = c.security_context.as_ref().expect("securityContext");
     assert_ne!(sc.privileged, Some(true), "capabilities, not privileged");
     let caps = sc.capabilities.as_ref().expect("capabilities");
