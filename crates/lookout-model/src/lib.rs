@@ -306,6 +306,10 @@ pub struct ContainerEvent {
     /// For `removed`: the exit code, when known.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub exit_code: Option<i32>,
+    /// For `removed`: why, when lookout knows more than the exit code (a
+    /// gate denied the container's start).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
 }
 
 impl ContainerEvent {
@@ -317,6 +321,7 @@ impl ContainerEvent {
             source,
             container,
             exit_code: None,
+            reason: None,
         }
     }
 
@@ -333,6 +338,7 @@ impl ContainerEvent {
             source,
             container,
             exit_code,
+            reason: None,
         }
     }
 }

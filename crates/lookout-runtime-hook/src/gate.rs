@@ -76,6 +76,15 @@ impl Held {
     pub fn allow(self) {
         self.shared.answer(self.perm, self.since);
     }
+
+    /// Denies the exec (the runtime sees `EPERM`) and records how long it
+    /// waited.
+    pub fn deny(self) {
+        if let Err(e) = self.perm.deny() {
+            tracing::warn!(%e, "denying a permission event");
+        }
+        self.shared.answered(self.since);
+    }
 }
 
 /// Nanoseconds since `base`, plus one (0 marks a free slot).

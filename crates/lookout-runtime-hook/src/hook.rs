@@ -54,17 +54,31 @@ pub trait Observer: Send + Sync {
     }
 }
 
+/// What a [`StartBarrier`] decided about a container's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartDecision {
+    /// The runtime's `start` goes on.
+    Proceed,
+    /// The runtime's `start` exec is refused (`EPERM`), and the
+    /// container's init process, still waiting for `start` in the
+    /// runtime's init, is killed: the container never runs its first
+    /// instruction, and is reported removed.
+    Deny(String),
+}
+
+/// A future a [`StartBarrier`] returns.
+pub type StartWait = std::pin::Pin<Box<dyn std::future::Future<Output = StartDecision> + Send>>;
+
 /// Something the runtime's `start` of a container waits for, such as the
-/// container's prestart hooks. Called on the hook's task right after the
-/// container was reported (the `added` event went to the sink).
+/// container's prestart hooks or a consumer's gate. Called on the hook's
+/// task right after the container was reported (the `added` event went to
+/// the sink).
 pub trait StartBarrier: Send + Sync {
-    /// A future that completes when `start` of container `id` may go on,
-    /// or `None` to go on at once. The hook waits at most
-    /// [`Config::start_barrier_cap`], without holding up other execs.
-    fn wait(
-        &self,
-        id: &str,
-    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>;
+    /// A future that completes when `start` of container `id` may go on
+    /// (or must not), or `None` to go on at once. The hook waits at most
+    /// [`Config::start_barrier_cap`] (then proceeds), without holding up
+    /// other execs.
+    fn wait(&self, id: &str) -> Option<StartWait>;
 }
 
 /// How to start the hook.
@@ -629,15 +643,26 @@ impl RuntimeHook {
         match self.config.start_barrier.as_ref().and_then(|b| b.wait(&id)) {
             Some(barrier) => {
                 let cap = self.config.start_barrier_cap;
+                let pid = self.tracked.get(&id).and_then(|c| c.pid);
                 tokio::spawn(async move {
-                    if tokio::time::timeout(cap, barrier).await.is_err() {
-                        tracing::warn!(
-                            id,
-                            ?cap,
-                            "start did not wait longer for the container's prestart hooks"
-                        );
+                    match tokio::time::timeout(cap, barrier).await {
+                        Ok(StartDecision::Proceed) => perm.allow(),
+                        Ok(StartDecision::Deny(reason)) => {
+                            perm.deny();
+                            tracing::info!(id, reason, "start denied");
+                            if let Some(pid) = pid {
+                                kill_init(&id, pid);
+                            }
+                        }
+                        Err(_) => {
+                            tracing::warn!(
+                                id,
+                                ?cap,
+                                "start did not wait longer for the container's barrier"
+                            );
+                            perm.allow();
+                        }
                     }
-                    perm.allow();
                 });
             }
             None => perm.allow(),
@@ -1021,6 +1046,35 @@ impl RuntimeHook {
                 "dropped stale pending creates"
             );
         }
+    }
+}
+
+/// Kills the init process of a container whose start was denied: it waits
+/// in the runtime's init for a `start` that will not come, and a later
+/// `start` must not run it either. Through a pidfd, so that a recycled pid
+/// is never hit; the exit is then seen like any other.
+fn kill_init(id: &str, pid: u32) {
+    let killed = crate::pidfd::pidfd_open(pid).and_then(|fd| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal takes an fd, a signal, a null siginfo
+        // and flags; the fd is open for the duration of the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    });
+    if let Err(e) = killed {
+        tracing::warn!(id, pid, %e, "could not kill the init of a denied container");
     }
 }
 

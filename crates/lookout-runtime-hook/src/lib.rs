@@ -40,7 +40,9 @@ pub mod untrusted;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 pub use gate::Health;
-pub use hook::{Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, Stats};
+pub use hook::{
+    Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, StartDecision, StartWait, Stats,
+};
 pub use lookout_model::proc;
 pub use scan::{Scanner, scan_state, scan_state_in};
 
