@@ -45,7 +45,11 @@ fn targets(fuzz_dir: &Path) -> anyhow::Result<Vec<String>> {
         if line.starts_with('[') {
             in_bin = line == "[[bin]]";
         } else if in_bin && let Some(v) = line.strip_prefix("name") {
-            let v = v.trim_start().trim_start_matches('=').trim().trim_matches('"');
+            let v = v
+                .trim_start()
+                .trim_start_matches('=')
+                .trim()
+                .trim_matches('"');
             names.push(v.to_owned());
         }
     }
@@ -207,7 +211,8 @@ pub fn fuzz(opts: &Options) -> anyhow::Result<()> {
         let log = String::from_utf8_lossy(&output.stderr).into_owned()
             + &String::from_utf8_lossy(&output.stdout);
         let log_path = logs.join(format!("{t}.log"));
-        std::fs::write(&log_path, &log).with_context(|| format!("writing {}", log_path.display()))?;
+        std::fs::write(&log_path, &log)
+            .with_context(|| format!("writing {}", log_path.display()))?;
         let mut run = Run {
             target: t.clone(),
             seconds: started.elapsed().as_secs_f64(),
@@ -238,7 +243,9 @@ pub fn fuzz(opts: &Options) -> anyhow::Result<()> {
             r.exec_per_sec,
             r.coverage,
             r.corpus,
-            r.crashed.as_deref().map_or("ok".to_owned(), |a| format!("CRASH: {a}"))
+            r.crashed
+                .as_deref()
+                .map_or("ok".to_owned(), |a| format!("CRASH: {a}"))
         );
     }
     let report = serde_json::json!({

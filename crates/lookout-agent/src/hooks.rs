@@ -11,9 +11,7 @@
 //! every hook runs on its own task with its own timeout.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -246,10 +244,11 @@ pub struct HookSink<S> {
 pub struct Barrier(Arc<Dispatcher>);
 
 impl lookout_runtime_hook::StartBarrier for Barrier {
-    fn wait(&self, id: &str) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+    fn wait(&self, id: &str) -> Option<lookout_runtime_hook::StartWait> {
         let mut rx = self.0.barriers.lock().ok()?.get(id).cloned()?;
         Some(Box::pin(async move {
             let _ = rx.wait_for(|done| *done).await;
+            lookout_runtime_hook::StartDecision::Proceed
         }))
     }
 }

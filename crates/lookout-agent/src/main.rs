@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod cli;
+mod grpc;
 mod hooks;
+mod hub;
 mod merge;
 mod run;
 mod serve;
@@ -39,6 +42,41 @@ enum Command {
     /// Discover containers and print one event per line (JSON by default
     /// when stdout is not a terminal). Stops on SIGTERM/SIGINT.
     Run(Box<run::RunArgs>),
+    /// List this node's containers, from a running agent's API socket.
+    Get(GetArgs),
+    /// Print every container change as it happens, from a running agent's
+    /// API socket (resumes across agent restarts).
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GetArgs {
+    /// table, wide (more columns) or json.
+    #[arg(short, long, value_enum, default_value_t = cli::GetOutput::Table)]
+    output: cli::GetOutput,
+    /// The agent's socket.
+    #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+struct WatchArgs {
+    /// text or json (one object per line).
+    #[arg(short, long, value_enum, default_value_t = cli::WatchOutput::Text)]
+    output: cli::WatchOutput,
+    /// Start after this revision (0: the containers now, first).
+    #[arg(long, default_value_t = 0)]
+    since: u64,
+    /// The agent's socket.
+    #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the client's runtime")
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,6 +109,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Probe(args) => probe(args),
         Command::Run(args) => run::run(*args, ebpf_object()),
+        Command::Get(a) => client_runtime()?.block_on(cli::get(&a.socket, a.output)),
+        Command::Watch(a) => client_runtime()?.block_on(cli::watch(&a.socket, a.output, a.since)),
     }
 }
 

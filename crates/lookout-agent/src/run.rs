@@ -10,6 +10,7 @@ use lookout_probe::{Mode, ProbeOptions, ProbeReport};
 use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
 
 use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
+use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
 use crate::merge;
 
 /// The output format of events.
@@ -117,6 +118,42 @@ pub struct RunArgs {
     /// the limit are dropped, never queued.
     #[arg(long, default_value = "60", value_name = "N")]
     k8s_events_per_minute: u32,
+    /// The consumer API's Unix socket (gRPC, lookout.v1; docs/consumers.md).
+    #[arg(
+        long,
+        env = "LOOKOUT_SOCKET",
+        default_value = "/run/lookout/lookout.sock",
+        value_name = "PATH"
+    )]
+    socket: PathBuf,
+    /// Do not serve the consumer API.
+    #[arg(long)]
+    no_socket: bool,
+    /// Group (name or gid) of the socket and its directory: its members may
+    /// List and Watch.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// A uid allowed to Gate besides root. Repeatable.
+    #[arg(long = "gate-allow-uid", value_name = "UID")]
+    gate_allow_uids: Vec<u32>,
+    /// A gid allowed to Gate besides root. Repeatable.
+    #[arg(long = "gate-allow-gid", value_name = "GID")]
+    gate_allow_gids: Vec<u32>,
+    /// The deadline of a gate hold whose subscriber asks for none.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    gate_deadline: Duration,
+    /// The longest deadline a gate subscriber may ask for.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    gate_max_deadline: Duration,
+    /// A namespace where fail-closed gates do not apply (the node must be
+    /// able to recover). Repeatable; default kube-system, plus
+    /// $POD_NAMESPACE (lookout's own) when set.
+    #[arg(long = "gate-exempt-namespace", value_name = "NS")]
+    gate_exempt_namespaces: Vec<String>,
+    /// Changes buffered per watcher; one that falls this far behind is
+    /// disconnected (it resumes from its last revision).
+    #[arg(long, default_value = "1024", value_name = "N")]
+    watch_buffer: usize,
 }
 
 impl RunArgs {
@@ -434,7 +471,27 @@ async fn run_async(
     };
     let hooks_wanted = hook_settings.any();
     let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone());
-    let barrier = std::sync::Arc::new(barrier);
+    let hub = Hub::new(hub_config(&args), metrics.hub());
+    let mut bound = None;
+    if !args.no_socket {
+        // The API is a consumer like any other: without it discovery goes on.
+        match serve_api(&args, std::sync::Arc::clone(&hub)) {
+            Ok(id) => bound = Some(id),
+            Err(e) => tracing::error!("consumer API not served: {e:#}"),
+        }
+    }
+    let _unbind = Unbind(args.socket.clone(), bound);
+    let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
+        vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
+            &hub,
+        )))];
+    if hooks_wanted {
+        barriers.push(std::sync::Arc::new(barrier));
+    }
+    let barrier = std::sync::Arc::new(Barriers(barriers));
+    // A start waits for prestart hooks and gates, then its state read.
+    let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
+    let stdout = HubSink::new(std::sync::Arc::clone(&hub), stdout);
 
     let mut refused = refused;
     let mut hook = None;
@@ -454,20 +511,18 @@ async fn run_async(
                     rescan: Some(rescan(&args)),
                     observer: Some(std::sync::Arc::clone(&metrics)
                         as std::sync::Arc<dyn lookout_runtime_hook::Observer>),
-                    start_barrier: hooks_wanted.then(|| {
-                        std::sync::Arc::clone(&barrier)
-                            as std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>
-                    }),
-                    start_barrier_cap: args.hook_timeout,
+                    start_barrier: Some(std::sync::Arc::clone(&barrier)
+                        as std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>),
+                    start_barrier_cap: start_cap,
                     answer_deadline: args.answer_deadline,
                 };
                 match RuntimeHook::new(config) {
                     Ok(h) => {
-                        stdout.close_in_hooks(h.group_fd());
-                        // A start may wait for prestart hooks, then its
-                        // state read: past that (and a margin), the hook
-                        // is stuck.
-                        let bound = args.hook_timeout + args.answer_deadline + HEALTH_MARGIN;
+                        stdout.inner().close_in_hooks(h.group_fd());
+                        // A start may wait for prestart hooks and gates,
+                        // then its state read: past that (and a margin),
+                        // the hook is stuck.
+                        let bound = start_cap + args.answer_deadline + HEALTH_MARGIN;
                         let _ = shared.hook.set((h.health(), bound));
                         hook = Some((m, h));
                         break;
@@ -519,6 +574,8 @@ async fn run_async(
     };
     release_startup_memory();
     metrics.set_mode(chosen.as_str());
+    // Only a hook with BPF argv capture holds a created container's start.
+    hub.set_can_hold(matches!(&hook, Some((_, h)) if h.has_bpf()));
     let mut body = format!("mode {chosen}\n");
     for r in &refused {
         body.push_str(&format!("refused {r}\n"));
@@ -537,17 +594,17 @@ async fn run_async(
         }
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let spawn_informer = |i: lookout_informer::Informer,
-                          sink: merge::Shared<HookSink<StdoutSink>>| {
-        let mut stop = stop_rx.clone();
-        side.spawn(async move {
-            let mut sink = sink;
-            i.run(&mut sink, async move {
-                let _ = stop.wait_for(|s| *s).await;
+    let spawn_informer =
+        |i: lookout_informer::Informer, sink: merge::Shared<HubSink<HookSink<StdoutSink>>>| {
+            let mut stop = stop_rx.clone();
+            side.spawn(async move {
+                let mut sink = sink;
+                i.run(&mut sink, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
             })
-            .await;
-        })
-    };
+        };
     match (hook, informer) {
         (Some((_, mut hook)), _) => {
             hook.scan(&mut sink);
@@ -581,6 +638,69 @@ async fn run_async(
         }
     }
     Ok(())
+}
+
+fn hub_config(args: &RunArgs) -> HubConfig {
+    let mut exempt = if args.gate_exempt_namespaces.is_empty() {
+        vec!["kube-system".to_owned()]
+    } else {
+        args.gate_exempt_namespaces.clone()
+    };
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+        && !exempt.contains(&ns)
+    {
+        exempt.push(ns);
+    }
+    HubConfig {
+        watch_buffer: args.watch_buffer.max(1),
+        max_deadline: args.gate_max_deadline,
+        exempt_namespaces: exempt,
+        ..HubConfig::default()
+    }
+}
+
+/// Removes the consumer socket when `run` returns.
+struct Unbind(PathBuf, Option<(u64, u64)>);
+
+impl Drop for Unbind {
+    fn drop(&mut self) {
+        crate::grpc::unbind(&self.0, self.1);
+    }
+}
+
+/// Binds the consumer socket and serves it on its own thread; returns the
+/// socket's device and inode.
+fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u64)> {
+    let group = match &args.socket_group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => nix::unistd::Group::from_name(g)
+                .with_context(|| format!("looking up group {g}"))?
+                .with_context(|| format!("--socket-group {g}: no such group"))?
+                .gid
+                .as_raw(),
+        }),
+    };
+    let listener = crate::grpc::bind(&args.socket, group)?;
+    let id = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&args.socket)
+            .with_context(|| format!("stat {}", args.socket.display()))?;
+        (m.dev(), m.ino())
+    };
+    crate::grpc::spawn(
+        listener,
+        args.socket.clone(),
+        hub,
+        crate::grpc::Auth {
+            uids: args.gate_allow_uids.clone(),
+            gids: args.gate_allow_gids.clone(),
+        },
+        args.gate_deadline.min(args.gate_max_deadline),
+    )?;
+    Ok(id)
 }
 
 async fn stop_informer(

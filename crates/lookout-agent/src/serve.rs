@@ -80,6 +80,7 @@ pub struct Metrics {
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
     k8s_events_dropped: Counter,
+    hub: crate::hub::HubMetrics,
 }
 
 impl Metrics {
@@ -169,7 +170,9 @@ impl Metrics {
             "Kubernetes Events dropped over --k8s-events-burst/--k8s-events-per-minute",
             k8s_events_dropped.clone(),
         );
+        let hub = crate::hub::HubMetrics::register(&mut registry);
         Metrics {
+            hub,
             k8s_events_dropped,
             oldest_unanswered,
             http_refused,
@@ -225,6 +228,11 @@ impl Metrics {
 
     pub fn stdout_dropped(&self) {
         self.stdout_dropped.inc();
+    }
+
+    /// The consumer hub's metrics (watchers, gates).
+    pub fn hub(&self) -> crate::hub::HubMetrics {
+        self.hub.clone()
     }
 
     /// The counter of Kubernetes Events dropped by the rate limit.

@@ -563,7 +563,7 @@ fn bad_event_rate_limits_are_refused_with_exit_code_2() {
         (&["--k8s-events"], "--k8s-events-per-minute", "many"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_lookout"))
-            .arg("run")
+            .args(["run", "--no-socket"])
             .args(with)
             .arg(format!("{flag}={value}"))
             .args(["--listen", "127.0.0.1:0"])

@@ -141,7 +141,11 @@ fn the_daemonset_is_what_the_deploy_guide_promises() {
         .as_ref()
         .and_then(|m| m.iter().find(|m| m.mount_path == "/run/lookout"))
         .expect("/run/lookout mount");
-    assert_ne!(api.read_only, Some(true), "the agent creates its socket there");
+    assert_ne!(
+        api.read_only,
+        Some(true),
+        "the agent creates its socket there"
+    );
     let api_host = pod
         .volumes
         .as_ref()

@@ -652,7 +652,7 @@ fn an_impossible_explicit_mode_fails_with_the_reasons() {
         return;
     }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
-    cmd.args(["run", "--mode", "fanotify"]);
+    cmd.args(["run", "--no-socket", "--mode", "fanotify"]);
     lookout_testsupport::Restrictions::new()
         .deny_syscall(libc::SYS_fanotify_init, libc::EPERM)
         .apply(&mut cmd)
@@ -854,6 +854,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
         .args([
             "run",
+            "--no-socket",
             "--output",
             "json",
             "--event-deadline",
@@ -995,6 +996,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
     cmd.args([
         "run",
+        "--no-socket",
         "--output",
         "json",
         "--listen",
@@ -1205,7 +1207,14 @@ fn an_unreachable_cluster_is_refused_with_the_reason_and_scan_mode_runs() {
 #[test]
 fn an_explicit_podinformer_mode_without_a_cluster_fails_with_the_reason() {
     let out = Command::new(env!("CARGO_BIN_EXE_lookout"))
-        .args(["run", "--mode", "podinformer", "--listen", "127.0.0.1:0"])
+        .args([
+            "run",
+            "--no-socket",
+            "--mode",
+            "podinformer",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .env_remove("NODE_NAME")
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -1343,7 +1352,13 @@ fn zero_negative_and_malformed_durations_are_refused_with_exit_code_2() {
         ("--scan-interval", "400d"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lookout"))
-            .args(["run", &format!("{flag}={value}"), "--listen", "127.0.0.1:0"])
+            .args([
+                "run",
+                "--no-socket",
+                &format!("{flag}={value}"),
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .stdin(Stdio::null())
             .output()
             .expect("run lookout");
@@ -1364,11 +1379,18 @@ fn the_agent_raises_its_open_file_limit_to_the_hard_limit() {
     let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
-    cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
-        .args(Runtime::agent_args(Some(&rt)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr"));
+    cmd.args([
+        "run",
+        "--no-socket",
+        "--output",
+        "json",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(Runtime::agent_args(Some(&rt)))
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr"));
     // SAFETY: setrlimit is async-signal-safe; nothing else runs in the
     // child between fork and exec.
     unsafe {

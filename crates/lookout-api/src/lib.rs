@@ -3,6 +3,7 @@
 #![allow(missing_docs)]
 
 /// The `lookout.v1` package.
+#[allow(clippy::large_enum_variant)]
 pub mod v1 {
     tonic::include_proto!("lookout.v1");
 }

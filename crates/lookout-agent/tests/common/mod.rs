@@ -16,6 +16,7 @@ pub struct Agent {
     pub child: Child,
     pub events: Arc<Mutex<Vec<Value>>>,
     pub stderr: PathBuf,
+    socket: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -37,9 +38,18 @@ impl Agent {
         let dir = tempfile::tempdir().expect("tempdir");
         let stderr = dir.path().join("stderr");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+        // Each agent its own consumer socket: parallel tests must not share
+        // the node's default one.
+        let socket = dir.path().join("api/lookout.sock");
         cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
-            .args(Runtime::agent_args(rt))
-            .args(extra)
+            .args(Runtime::agent_args(rt));
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--socket") || *a == "--no-socket")
+        {
+            cmd.arg("--socket").arg(&socket);
+        }
+        cmd.args(extra)
             .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
             .env_remove("NODE_NAME")
             .env_remove("KUBECONFIG")
@@ -67,10 +77,16 @@ impl Agent {
             child,
             events,
             stderr,
+            socket,
             _dir: dir,
         };
         agent.wait_log("lookout::run: ready", Duration::from_secs(20));
         agent
+    }
+
+    /// The agent's consumer socket (unless the test chose another).
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
     }
 
     /// Where the agent serves /healthz, /readyz and /metrics.

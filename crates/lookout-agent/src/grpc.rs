@@ -1,0 +1,446 @@
+//! The consumer API: `lookout.v1.Lookout` over gRPC on a Unix socket, on
+//! a thread and runtime of its own (consumers never share a thread with
+//! the path that answers runtime execs). Peers are known by `SO_PEERCRED`:
+//! `Gate` is for root and allow-listed uids/gids; `List` and `Watch` for
+//! whoever can open the socket (mode 0660, group `--socket-group`).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::Stream;
+use lookout_api::v1 as pb;
+use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
+use tokio::sync::oneshot;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::hub::{
+    Change, FailurePolicy, Filter, Hub, Live, Refused, Subscription, Verdict, WatchEnd, WatchItem,
+};
+
+/// Who may use `Gate` besides root.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    /// Allowed uids.
+    pub uids: Vec<u32>,
+    /// Allowed gids (the peer's primary gid).
+    pub gids: Vec<u32>,
+}
+
+impl Auth {
+    fn gate(&self, uid: u32, gid: u32) -> bool {
+        uid == 0 || self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+}
+
+/// The gRPC service over the hub.
+pub struct Service {
+    hub: Arc<Hub>,
+    auth: Auth,
+    default_deadline: Duration,
+}
+
+fn filter_of(f: Option<pb::Filter>) -> Filter {
+    let f = f.unwrap_or_default();
+    let mut pod_labels: Vec<(String, String)> = f.pod_labels.into_iter().collect();
+    pod_labels.sort();
+    let mut annotations: Vec<(String, String)> = f.annotations.into_iter().collect();
+    annotations.sort();
+    Filter {
+        runtimes: f.runtimes,
+        namespaces: f.namespaces,
+        pod_labels,
+        annotations,
+    }
+}
+
+/// The wire form of a container.
+pub fn container_pb(l: &Live) -> pb::Container {
+    let c = &l.container;
+    let ns = &c.namespaces;
+    pb::Container {
+        id: c.id.clone(),
+        runtime: c.runtime.to_string(),
+        pid: c.pid.unwrap_or(0),
+        status: format!("{:?}", c.status).to_lowercase(),
+        bundle: c
+            .bundle
+            .as_ref()
+            .map(|b| b.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        cgroup: c.cgroup.clone().unwrap_or_default(),
+        annotations: c.annotations.clone().into_iter().collect(),
+        args: c.args.clone(),
+        kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {
+            namespace: k.namespace.clone().unwrap_or_default(),
+            pod: k.pod.clone().unwrap_or_default(),
+            pod_uid: k.pod_uid.clone().unwrap_or_default(),
+            container: k.container.clone().unwrap_or_default(),
+            image: k.image.clone().unwrap_or_default(),
+            labels: k.labels.clone().into_iter().collect(),
+        }),
+        source: l.source.to_string(),
+        added_monotonic_ns: l.added_monotonic_ns,
+        added_unix_ms: l.added_unix_ms,
+        namespaces: Some(pb::Namespaces {
+            mnt: ns.mnt.unwrap_or(0),
+            pid: ns.pid.unwrap_or(0),
+            net: ns.net.unwrap_or(0),
+            // Not collected by the agent yet.
+            ..Default::default()
+        }),
+    }
+}
+
+fn change_pb(c: &Change) -> pb::WatchEvent {
+    pb::WatchEvent {
+        kind: match c.kind {
+            lookout_model::EventKind::Added => pb::watch_event::Kind::Added,
+            lookout_model::EventKind::Removed => pb::watch_event::Kind::Removed,
+        } as i32,
+        revision: c.revision,
+        container: Some(container_pb(&c.live)),
+        exit_code: c.exit_code,
+        reason: c.reason.clone().unwrap_or_default(),
+        monotonic_ns: c.monotonic_ns,
+    }
+}
+
+type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// A subscriber name fit for logs and metric labels.
+fn clean_name(name: &str) -> String {
+    let n: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "-_.:/".contains(*c))
+        .take(64)
+        .collect();
+    if n.is_empty() { "unnamed".into() } else { n }
+}
+
+#[tonic::async_trait]
+impl Lookout for Service {
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter));
+        Ok(Response::new(pb::ListResponse {
+            revision,
+            containers: live.iter().map(container_pb).collect(),
+        }))
+    }
+
+    type WatchStream = Out<pb::WatchEvent>;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        let mut w = self
+            .hub
+            .watch(r.since, filter_of(r.filter))
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let out = async_stream::stream! {
+            loop {
+                match w.next().await {
+                    Ok(WatchItem::Snapshot { revision, containers }) => {
+                        for l in &containers {
+                            yield Ok(pb::WatchEvent {
+                                kind: pb::watch_event::Kind::Snapshot as i32,
+                                revision,
+                                container: Some(container_pb(l)),
+                                ..Default::default()
+                            });
+                        }
+                        yield Ok(pb::WatchEvent {
+                            kind: pb::watch_event::Kind::SnapshotEnd as i32,
+                            revision,
+                            monotonic_ns: lookout_model::monotonic_ns(),
+                            ..Default::default()
+                        });
+                    }
+                    Ok(WatchItem::Change(c)) => yield Ok(change_pb(&c)),
+                    Err(e @ WatchEnd::Lagged(_)) => {
+                        yield Err(Status::resource_exhausted(e.to_string()));
+                        break;
+                    }
+                    Err(WatchEnd::Closed) => {
+                        yield Err(Status::unavailable("the agent is shutting down"));
+                        break;
+                    }
+                }
+            }
+        };
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    type GateStream = Out<pb::GateResponse>;
+
+    async fn gate(
+        &self,
+        req: Request<Streaming<pb::GateRequest>>,
+    ) -> Result<Response<Self::GateStream>, Status> {
+        let cred = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred);
+        let Some(cred) = cred else {
+            return Err(Status::permission_denied("peer credentials unknown"));
+        };
+        let (uid, gid) = (cred.uid(), cred.gid());
+        if !self.auth.gate(uid, gid) {
+            tracing::warn!(
+                pid = cred.pid(),
+                uid,
+                gid,
+                "Gate refused: the peer is neither root nor allow-listed (--gate-allow-uid/--gate-allow-gid)"
+            );
+            return Err(Status::permission_denied(format!(
+                "uid {uid} may not gate containers (root or --gate-allow-uid/--gate-allow-gid only)"
+            )));
+        }
+        let mut inbound = req.into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(10), inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("send Subscribe first, within 10 s"))??;
+        let Some(pb::GateRequest {
+            msg: Some(pb::gate_request::Msg::Subscribe(s)),
+        }) = first
+        else {
+            return Err(Status::invalid_argument(
+                "the first message must be Subscribe",
+            ));
+        };
+        let name = clean_name(&s.name);
+        let deadline = match s.deadline_ms {
+            0 => self.default_deadline,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        let on_failure = match pb::FailurePolicy::try_from(s.on_failure) {
+            Ok(pb::FailurePolicy::FailClosed) => FailurePolicy::Closed,
+            Ok(pb::FailurePolicy::FailOpen) => FailurePolicy::Open,
+            Err(_) => return Err(Status::invalid_argument("unknown on_failure policy")),
+        };
+        let sub = self
+            .hub
+            .gate(Subscription {
+                name: name.clone(),
+                filter: filter_of(s.filter),
+                deadline,
+                on_failure,
+            })
+            .map_err(|e: Refused| Status::resource_exhausted(e.to_string()))?;
+        tracing::info!(
+            gate = name,
+            pid = cred.pid(),
+            uid,
+            deadline = ?sub.deadline,
+            ?on_failure,
+            "gate subscriber connected"
+        );
+        let deadline_ms = sub.deadline.as_millis().min(u128::from(u32::MAX)) as u32;
+        let out = async_stream::stream! {
+            // The whole subscriber, registration included, lives as long
+            // as the stream (a closure would capture only `sub.holds`).
+            let mut sub = sub;
+            yield Ok(pb::GateResponse {
+                msg: Some(pb::gate_response::Msg::Subscribed(pb::Subscribed {
+                    name: name.clone(),
+                    deadline_ms,
+                })),
+            });
+            // Holds waiting for this subscriber's decision. Dropped with
+            // the stream when the subscriber goes away: each hold then
+            // resolves at once by the subscriber's policy.
+            let mut pending: HashMap<u64, oneshot::Sender<Verdict>> = HashMap::new();
+            // Logs the end however it comes (a killed subscriber's stream
+            // is dropped, not ended).
+            let _gone = Gone(name.clone());
+            loop {
+                tokio::select! {
+                    hold = sub.holds.recv() => {
+                        let Some(h) = hold else {
+                            tracing::debug!(gate = name, "gate: the hub closed the subscription");
+                            break;
+                        };
+                        let held = h.respond.is_some();
+                        if let Some(tx) = h.respond {
+                            pending.retain(|_, tx| !tx.is_closed());
+                            pending.insert(h.hold_id, tx);
+                        }
+                        yield Ok(pb::GateResponse {
+                            msg: Some(pb::gate_response::Msg::Hold(pb::Hold {
+                                hold_id: h.hold_id,
+                                container: Some(container_pb(&h.live)),
+                                held,
+                                monotonic_ns: h.monotonic_ns,
+                            })),
+                        });
+                    }
+                    msg = inbound.message() => match msg {
+                        Ok(Some(pb::GateRequest { msg: Some(pb::gate_request::Msg::Decision(d)) })) => {
+                            if let Some(tx) = pending.remove(&d.hold_id) {
+                                let v = if d.allow {
+                                    Verdict::Allow
+                                } else {
+                                    Verdict::Deny(if d.reason.is_empty() { "no reason given".into() } else { d.reason.chars().take(256).collect() })
+                                };
+                                let _ = tx.send(v);
+                            }
+                        }
+                        Ok(Some(_)) => {
+                            yield Err(Status::invalid_argument("only Decision messages after Subscribe"));
+                            break;
+                        }
+                        Ok(None) => {
+                            tracing::debug!(gate = name, "gate: the subscriber closed its stream");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::debug!(gate = name, %e, "gate: the subscriber's stream failed");
+                            break;
+                        }
+                    },
+                }
+            }
+        };
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+/// Logs a gate subscriber's departure when its stream goes.
+struct Gone(String);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        tracing::info!(
+            gate = self.0,
+            "gate subscriber gone; its open holds follow its policy"
+        );
+    }
+}
+
+/// Binds the socket: its directory is created 0750, a stale socket of an
+/// earlier agent is replaced (a live one is not: that is an error), and
+/// the socket is made 0660, group `group` when given.
+pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<std::os::unix::net::UnixListener> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+            .with_context(|| format!("chmod 0750 {}", dir.display()))?;
+        if let Some(g) = group {
+            nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(g)))
+                .with_context(|| format!("chgrp {g} {}", dir.display()))?;
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            anyhow::bail!(
+                "{} exists and is not a socket; not replacing it",
+                path.display()
+            );
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "{} is in use by another process (another lookout?)",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let l = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    let ready = (|| -> anyhow::Result<()> {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("chmod 0660 {}", path.display()))?;
+        if let Some(g) = group {
+            nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(g))).with_context(
+                || {
+                    format!(
+                        "chgrp {g} {} (needs CAP_CHOWN or membership of the group)",
+                        path.display()
+                    )
+                },
+            )?;
+        }
+        l.set_nonblocking(true)
+            .with_context(|| format!("O_NONBLOCK on {}", path.display()))
+    })();
+    if let Err(e) = ready {
+        // Leave no socket that nobody serves.
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(l)
+}
+
+/// Removes the socket at shutdown, if it is still the one this process
+/// bound (another agent may have replaced it meanwhile).
+pub fn unbind(path: &Path, bound: Option<(u64, u64)>) {
+    use std::os::unix::fs::MetadataExt;
+    if let (Some((dev, ino)), Ok(m)) = (bound, std::fs::symlink_metadata(path))
+        && (m.dev(), m.ino()) == (dev, ino)
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Serves the API on `listener` (a std listener, registered on the
+/// server's own runtime) from a thread of its own.
+pub fn spawn(
+    listener: std::os::unix::net::UnixListener,
+    path: PathBuf,
+    hub: Arc<Hub>,
+    auth: Auth,
+    default_deadline: Duration,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("lookout-grpc".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(%e, "consumer API: no runtime; not serving");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match tokio::net::UnixListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(%e, "consumer API: cannot register the socket");
+                        return;
+                    }
+                };
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let svc = Service {
+                    hub,
+                    auth,
+                    default_deadline,
+                };
+                tracing::info!(socket = %path.display(), "consumer API listening");
+                if let Err(e) = tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                    .add_service(LookoutServer::new(svc))
+                    .serve_with_incoming(incoming)
+                    .await
+                {
+                    tracing::error!(%e, "consumer API stopped");
+                }
+            });
+        })
+        .context("spawning the consumer API thread")?;
+    Ok(())
+}

@@ -1,0 +1,1013 @@
+//! The consumer hub: the node's containers with revisions, a retained
+//! window of changes, watchers that follow them, and gates that hold a
+//! container's start until their subscribers decide.
+//!
+//! The hub sits after the merger: every event passes through
+//! [`HubSink::emit`] on the task that reported it (the runtime hook's, for
+//! a runtime exec that waits on us), so nothing in `emit` may block: a
+//! watcher's or a gate subscriber's queue that is full is that consumer's
+//! problem (it is dropped, or its hold resolved by its policy), never the
+//! runtime's.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lookout_model::{Container, ContainerEvent, EventKind, Sink, Source, Status};
+use lookout_runtime_hook::{StartBarrier, StartDecision, StartWait};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot};
+
+/// Which containers a consumer wants: every field that is set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Any of these runtimes (`runc`, `crun`, ...).
+    pub runtimes: Vec<String>,
+    /// Any of these Kubernetes namespaces.
+    pub namespaces: Vec<String>,
+    /// All of these pod labels.
+    pub pod_labels: Vec<(String, String)>,
+    /// All of these OCI annotations.
+    pub annotations: Vec<(String, String)>,
+}
+
+impl Filter {
+    /// Whether `c` matches.
+    pub fn matches(&self, c: &Container) -> bool {
+        let k8s = c.kubernetes.as_ref();
+        (self.runtimes.is_empty() || self.runtimes.iter().any(|r| *r == c.runtime.to_string()))
+            && (self.namespaces.is_empty()
+                || k8s
+                    .and_then(|k| k.namespace.as_ref())
+                    .is_some_and(|ns| self.namespaces.contains(ns)))
+            && self.pod_labels.iter().all(|(k, v)| {
+                k8s.and_then(|x| x.labels.get(k))
+                    .is_some_and(|have| have == v)
+            })
+            && self
+                .annotations
+                .iter()
+                .all(|(k, v)| c.annotations.get(k).is_some_and(|have| have == v))
+    }
+}
+
+/// A live container as the hub knows it.
+#[derive(Debug, Clone)]
+pub struct Live {
+    /// The container (as last reported).
+    pub container: Arc<Container>,
+    /// Who reported it.
+    pub source: Source,
+    /// `CLOCK_MONOTONIC` nanoseconds when it was reported.
+    pub added_monotonic_ns: u64,
+    /// Unix milliseconds when it was reported.
+    pub added_unix_ms: i64,
+}
+
+/// One change, with its revision.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Strictly increasing, across agent restarts too (see [`Hub::new`]).
+    pub revision: u64,
+    /// Added or removed.
+    pub kind: EventKind,
+    /// The container, with when it was added.
+    pub live: Live,
+    /// Removed: the exit code, when known.
+    pub exit_code: Option<i32>,
+    /// Removed: why, when known (a denied start).
+    pub reason: Option<String>,
+    /// `CLOCK_MONOTONIC` nanoseconds of the change.
+    pub monotonic_ns: u64,
+}
+
+/// What a watcher receives.
+#[derive(Debug, Clone)]
+pub enum WatchItem {
+    /// Everything live at `revision` (matching the filter): replace what
+    /// you knew.
+    Snapshot {
+        /// The snapshot's revision.
+        revision: u64,
+        /// The containers.
+        containers: Vec<Live>,
+    },
+    /// One change after the last item.
+    Change(Arc<Change>),
+}
+
+/// Why a watch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WatchEnd {
+    /// The watcher did not keep up: its buffer filled. Watch again from
+    /// the last revision seen.
+    #[error(
+        "the watcher did not keep up (its buffer of {0} changes filled); watch again from the last revision seen"
+    )]
+    Lagged(usize),
+    /// The agent is shutting down.
+    #[error("the agent is shutting down")]
+    Closed,
+}
+
+/// A watch: a backlog (snapshot or retained changes), then live changes.
+pub struct Watch {
+    backlog: VecDeque<WatchItem>,
+    rx: mpsc::Receiver<Arc<Change>>,
+    lagged: Arc<AtomicBool>,
+    buffer: usize,
+    metrics: HubMetrics,
+}
+
+impl Watch {
+    /// The next item; `Err` when the watch ended.
+    pub async fn next(&mut self) -> Result<WatchItem, WatchEnd> {
+        if let Some(i) = self.backlog.pop_front() {
+            return Ok(i);
+        }
+        match self.rx.recv().await {
+            Some(c) => Ok(WatchItem::Change(c)),
+            None if self.lagged.load(Ordering::Acquire) => Err(WatchEnd::Lagged(self.buffer)),
+            None => Err(WatchEnd::Closed),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.metrics.watchers.dec();
+    }
+}
+
+/// What happens to a hold that is not answered in time, or whose
+/// subscriber goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// The container starts.
+    Open,
+    /// The container does not start, unless its namespace is exempt.
+    Closed,
+}
+
+/// A gate subscription.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// Shown in logs, metrics and denial reasons.
+    pub name: String,
+    /// Which containers it holds.
+    pub filter: Filter,
+    /// How long a hold waits for the decision.
+    pub deadline: Duration,
+    /// What an unanswered hold becomes.
+    pub on_failure: FailurePolicy,
+}
+
+/// A subscriber's verdict on one hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Start.
+    Allow,
+    /// Do not start, for this reason.
+    Deny(String),
+}
+
+/// A container handed to a gate subscriber.
+#[derive(Debug)]
+pub struct HoldRequest {
+    /// Unique per agent process; 0 when not held.
+    pub hold_id: u64,
+    /// The container.
+    pub live: Live,
+    /// Whether its start waits: send the verdict through `respond`.
+    /// `None` when it could not be held (reported by the Pod informer
+    /// or a scan, or created and started in one step by `runc run`).
+    pub respond: Option<oneshot::Sender<Verdict>>,
+    /// `CLOCK_MONOTONIC` nanoseconds when the hold began.
+    pub monotonic_ns: u64,
+}
+
+/// A registered gate subscriber's end: the holds it must answer.
+pub struct GateSubscriber {
+    /// Holds (and not-held notices) for this subscriber.
+    pub holds: mpsc::Receiver<HoldRequest>,
+    /// The deadline in force (the asked one, bounded).
+    pub deadline: Duration,
+    _registration: Registration,
+}
+
+/// Unregisters a subscriber when dropped.
+struct Registration {
+    hub: Arc<Hub>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut g = lock(&self.hub.gates);
+        g.retain(|s| s.id != self.id);
+        self.hub.metrics.subscribers.set(g.len() as i64);
+    }
+}
+
+struct Subscriber {
+    id: u64,
+    sub: Subscription,
+    tx: mpsc::Sender<HoldRequest>,
+}
+
+/// Hub limits and policies.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// Changes retained for resuming watchers.
+    pub window: usize,
+    /// Changes buffered per watcher before it is dropped as too slow.
+    pub watch_buffer: usize,
+    /// Watchers at most.
+    pub max_watchers: usize,
+    /// Gate subscribers at most.
+    pub max_subscribers: usize,
+    /// The longest deadline a subscriber may ask for.
+    pub max_deadline: Duration,
+    /// Namespaces where fail-closed does not apply.
+    pub exempt_namespaces: Vec<String>,
+    /// Whether the discovery mode holds a created container's `start`
+    /// (fanotify with BPF argv capture does; fanotify-only mode allows
+    /// execs before it reads their argv, and the informer and scan see
+    /// containers after the fact).
+    pub can_hold: bool,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            window: 4096,
+            watch_buffer: 1024,
+            max_watchers: 1024,
+            max_subscribers: 64,
+            max_deadline: Duration::from_secs(10),
+            exempt_namespaces: vec!["kube-system".into()],
+            can_hold: true,
+        }
+    }
+}
+
+/// Why a consumer was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Too many of them.
+    #[error("too many {what} ({max}); try later")]
+    Full {
+        /// Watchers or subscribers.
+        what: &'static str,
+        /// The limit.
+        max: usize,
+    },
+}
+
+struct Watcher {
+    filter: Filter,
+    tx: mpsc::Sender<Arc<Change>>,
+    lagged: Arc<AtomicBool>,
+}
+
+struct State {
+    revision: u64,
+    live: HashMap<String, Live>,
+    log: VecDeque<Arc<Change>>,
+    watchers: Vec<Watcher>,
+    /// Why a container's start was denied, until its removal is reported.
+    denied: HashMap<String, String>,
+}
+
+/// The hub. See the module docs.
+pub struct Hub {
+    state: Mutex<State>,
+    gates: Mutex<Vec<Subscriber>>,
+    config: HubConfig,
+    /// [`HubConfig::can_hold`], known once the discovery mode is.
+    can_hold: AtomicBool,
+    next_id: AtomicU64,
+    metrics: HubMetrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // N.B. a poisoned lock only means a consumer's task panicked while
+    // holding it; every update leaves the tables consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Hub {
+    /// A hub. Revisions start at the current time in microseconds, so
+    /// that they keep increasing across agent restarts: a consumer that
+    /// resumes with a revision of an earlier process gets a snapshot.
+    pub fn new(config: HubConfig, metrics: HubMetrics) -> Arc<Hub> {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        Arc::new(Hub {
+            state: Mutex::new(State {
+                revision: start,
+                live: HashMap::new(),
+                log: VecDeque::new(),
+                watchers: Vec::new(),
+                denied: HashMap::new(),
+            }),
+            gates: Mutex::new(Vec::new()),
+            can_hold: AtomicBool::new(config.can_hold),
+            config,
+            next_id: AtomicU64::new(1),
+            metrics,
+        })
+    }
+
+    /// The containers now (matching `filter`), and the revision they are
+    /// current at.
+    pub fn list(&self, filter: &Filter) -> (u64, Vec<Live>) {
+        let s = lock(&self.state);
+        let mut v: Vec<Live> = s
+            .live
+            .values()
+            .filter(|l| filter.matches(&l.container))
+            .cloned()
+            .collect();
+        v.sort_by_key(|l| l.added_monotonic_ns);
+        (s.revision, v)
+    }
+
+    /// Every change after `since` (matching `filter`); a snapshot first
+    /// when `since` is 0, in the future, or older than the window.
+    pub fn watch(&self, since: u64, filter: Filter) -> Result<Watch, Refused> {
+        let mut s = lock(&self.state);
+        s.watchers.retain(|w| !w.tx.is_closed());
+        if s.watchers.len() >= self.config.max_watchers {
+            return Err(Refused::Full {
+                what: "watchers",
+                max: self.config.max_watchers,
+            });
+        }
+        // Every change after `since` is still in the log (none missed):
+        // the log reaches back to `since + 1`, or `since` is now.
+        let retained = match s.log.front() {
+            Some(first) => since.saturating_add(1) >= first.revision,
+            None => since == s.revision,
+        };
+        let mut backlog = VecDeque::new();
+        if since == 0 || since > s.revision || !retained {
+            let mut containers: Vec<Live> = s
+                .live
+                .values()
+                .filter(|l| filter.matches(&l.container))
+                .cloned()
+                .collect();
+            containers.sort_by_key(|l| l.added_monotonic_ns);
+            backlog.push_back(WatchItem::Snapshot {
+                revision: s.revision,
+                containers,
+            });
+        } else {
+            backlog.extend(
+                s.log
+                    .iter()
+                    .filter(|c| c.revision > since && filter.matches(&c.live.container))
+                    .map(|c| WatchItem::Change(Arc::clone(c))),
+            );
+        }
+        let (tx, rx) = mpsc::channel(self.config.watch_buffer);
+        let lagged = Arc::new(AtomicBool::new(false));
+        s.watchers.push(Watcher {
+            filter,
+            tx,
+            lagged: Arc::clone(&lagged),
+        });
+        self.metrics.watchers.inc();
+        Ok(Watch {
+            backlog,
+            rx,
+            lagged,
+            buffer: self.config.watch_buffer,
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// Whether the discovery mode holds starts (see [`HubConfig::can_hold`]).
+    pub fn set_can_hold(&self, yes: bool) {
+        self.can_hold.store(yes, Ordering::Relaxed);
+    }
+
+    /// Registers a gate subscriber. Its deadline is bounded by
+    /// [`HubConfig::max_deadline`].
+    pub fn gate(self: &Arc<Self>, mut sub: Subscription) -> Result<GateSubscriber, Refused> {
+        sub.deadline = sub.deadline.min(self.config.max_deadline);
+        let mut g = lock(&self.gates);
+        if g.len() >= self.config.max_subscribers {
+            return Err(Refused::Full {
+                what: "gate subscribers",
+                max: self.config.max_subscribers,
+            });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(256);
+        let deadline = sub.deadline;
+        g.push(Subscriber { id, sub, tx });
+        self.metrics.subscribers.set(g.len() as i64);
+        Ok(GateSubscriber {
+            holds: rx,
+            deadline,
+            _registration: Registration {
+                hub: Arc::clone(self),
+                id,
+            },
+        })
+    }
+
+    /// Records an event: a revision, the live table, the window, every
+    /// watcher (without waiting: a full watcher is dropped), and not-held
+    /// notices for gate subscribers.
+    fn publish(&self, event: &mut ContainerEvent) {
+        let mut s = lock(&self.state);
+        let id = event.container.id.clone();
+        let live = match event.event {
+            EventKind::Added => {
+                let live = Live {
+                    container: Arc::new(event.container.clone()),
+                    source: event.source,
+                    added_monotonic_ns: event.monotonic_ns,
+                    added_unix_ms: unix_ms(),
+                };
+                s.live.insert(id.clone(), live.clone());
+                live
+            }
+            EventKind::Removed => {
+                if event.reason.is_none() {
+                    event.reason = s.denied.remove(&id);
+                } else {
+                    s.denied.remove(&id);
+                }
+                let added = s.live.remove(&id);
+                Live {
+                    container: Arc::new(event.container.clone()),
+                    source: event.source,
+                    added_monotonic_ns: added.as_ref().map_or(0, |l| l.added_monotonic_ns),
+                    added_unix_ms: added.as_ref().map_or(0, |l| l.added_unix_ms),
+                }
+            }
+        };
+        s.revision += 1;
+        let change = Arc::new(Change {
+            revision: s.revision,
+            kind: event.event,
+            live,
+            exit_code: event.exit_code,
+            reason: event.reason.clone(),
+            monotonic_ns: event.monotonic_ns,
+        });
+        s.log.push_back(Arc::clone(&change));
+        while s.log.len() > self.config.window {
+            s.log.pop_front();
+        }
+        let metrics = &self.metrics;
+        s.watchers.retain(|w| {
+            if !w.filter.matches(&change.live.container) {
+                return !w.tx.is_closed();
+            }
+            match w.tx.try_send(Arc::clone(&change)) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    w.lagged.store(true, Ordering::Release);
+                    metrics.watchers_dropped.inc();
+                    tracing::warn!(
+                        buffer = self.config.watch_buffer,
+                        "a watcher did not keep up; disconnected"
+                    );
+                    false
+                }
+            }
+        });
+        drop(s);
+        // Containers whose start cannot be held: their subscribers still
+        // hear of them.
+        let holdable = self.can_hold.load(Ordering::Relaxed)
+            && event.source == Source::RuntimeHook
+            && event.container.status == Status::Created;
+        if event.event == EventKind::Added && !holdable {
+            let g = lock(&self.gates);
+            for sub in g
+                .iter()
+                .filter(|s| s.sub.filter.matches(&change.live.container))
+            {
+                let _ = sub.tx.try_send(HoldRequest {
+                    hold_id: 0,
+                    live: change.live.clone(),
+                    respond: None,
+                    monotonic_ns: event.monotonic_ns,
+                });
+                self.metrics.hold(&sub.sub.name, "not-held");
+            }
+        }
+    }
+
+    fn exempt(&self, c: &Container) -> bool {
+        c.kubernetes
+            .as_ref()
+            .and_then(|k| k.namespace.as_ref())
+            .is_some_and(|ns| self.config.exempt_namespaces.contains(ns))
+    }
+
+    /// What an unanswered hold becomes (`what` happened to the gate).
+    fn failure(&self, sub: &Subscription, c: &Container, what: &str) -> Verdict {
+        match sub.on_failure {
+            FailurePolicy::Open => {
+                tracing::warn!(
+                    id = c.id,
+                    gate = sub.name,
+                    what,
+                    "gate did not decide; the container starts (fail-open)"
+                );
+                Verdict::Allow
+            }
+            FailurePolicy::Closed if self.exempt(c) => {
+                tracing::warn!(
+                    id = c.id,
+                    gate = sub.name,
+                    what,
+                    "fail-closed gate not applied: the container's namespace is exempt"
+                );
+                Verdict::Allow
+            }
+            FailurePolicy::Closed => Verdict::Deny(format!("{what} (fail-closed)")),
+        }
+    }
+}
+
+/// The runtime hook's start barrier: holds a created container's `start`
+/// until every matching gate subscriber decided.
+pub struct GateBarrier(pub Arc<Hub>);
+
+impl StartBarrier for GateBarrier {
+    fn wait(&self, id: &str) -> Option<StartWait> {
+        let hub = Arc::clone(&self.0);
+        if !hub.can_hold.load(Ordering::Relaxed) {
+            return None;
+        }
+        let live = lock(&hub.state).live.get(id).cloned()?;
+        let now = lookout_model::monotonic_ns();
+        // Per matching subscriber: its hold's answer, or (its queue full)
+        // the verdict of its policy at once.
+        let mut waits = Vec::new();
+        {
+            let g = lock(&hub.gates);
+            for s in g.iter().filter(|s| s.sub.filter.matches(&live.container)) {
+                let hold_id = hub.next_id.fetch_add(1, Ordering::Relaxed);
+                let (tx, rx) = oneshot::channel();
+                let sent = s.tx.try_send(HoldRequest {
+                    hold_id,
+                    live: live.clone(),
+                    respond: Some(tx),
+                    monotonic_ns: now,
+                });
+                if sent.is_ok() {
+                    hub.metrics.hold(&s.sub.name, "held");
+                    waits.push((s.sub.clone(), Some(rx)));
+                } else {
+                    tracing::warn!(gate = s.sub.name, id, "gate subscriber's queue is full");
+                    hub.metrics.hold(&s.sub.name, "queue-full");
+                    waits.push((s.sub.clone(), None));
+                }
+            }
+        }
+        if waits.is_empty() {
+            return None;
+        }
+        Some(Box::pin(async move {
+            use futures::StreamExt;
+            let started = Instant::now();
+            let c = Arc::clone(&live.container);
+            let mut decided: futures::stream::FuturesUnordered<_> = waits
+                .into_iter()
+                .map(|(sub, rx)| {
+                    let (hub, c) = (Arc::clone(&hub), Arc::clone(&c));
+                    async move {
+                        let (verdict, outcome) = match rx {
+                            None => (hub.failure(&sub, &c, "its queue is full"), "queue-full"),
+                            Some(rx) => match tokio::time::timeout(sub.deadline, rx).await {
+                                Ok(Ok(v @ Verdict::Allow)) => (v, "allow"),
+                                Ok(Ok(v @ Verdict::Deny(_))) => (v, "deny"),
+                                Ok(Err(_)) => {
+                                    (hub.failure(&sub, &c, "it went away"), "disconnected")
+                                }
+                                Err(_) => (
+                                    hub.failure(
+                                        &sub,
+                                        &c,
+                                        &format!("no answer within {:?}", sub.deadline),
+                                    ),
+                                    "timeout",
+                                ),
+                            },
+                        };
+                        hub.metrics.decided(&sub.name, outcome, started.elapsed());
+                        (sub.name, verdict)
+                    }
+                })
+                .collect();
+            // The first denial decides; the other holds resolve on their
+            // own (their subscribers still get an answer slot).
+            while let Some((name, v)) = decided.next().await {
+                if let Verdict::Deny(reason) = v {
+                    let reason = format!("denied by gate {name}: {reason}");
+                    lock(&hub.state).denied.insert(c.id.clone(), reason.clone());
+                    return StartDecision::Deny(reason);
+                }
+            }
+            StartDecision::Proceed
+        }))
+    }
+}
+
+/// Every start barrier at once: the start goes on when all proceed, and
+/// is denied if one denies.
+pub struct Barriers(pub Vec<Arc<dyn StartBarrier>>);
+
+impl StartBarrier for Barriers {
+    fn wait(&self, id: &str) -> Option<StartWait> {
+        let waits: Vec<StartWait> = self.0.iter().filter_map(|b| b.wait(id)).collect();
+        if waits.is_empty() {
+            return None;
+        }
+        Some(Box::pin(async move {
+            for d in futures::future::join_all(waits).await {
+                if let StartDecision::Deny(_) = d {
+                    return d;
+                }
+            }
+            StartDecision::Proceed
+        }))
+    }
+}
+
+/// A [`Sink`] that records every event in the hub, then hands it on.
+pub struct HubSink<S> {
+    hub: Arc<Hub>,
+    out: S,
+}
+
+impl<S> HubSink<S> {
+    /// Wraps `out`.
+    pub fn new(hub: Arc<Hub>, out: S) -> HubSink<S> {
+        HubSink { hub, out }
+    }
+
+    /// The wrapped sink.
+    pub fn inner(&self) -> &S {
+        &self.out
+    }
+}
+
+impl<S: Sink> Sink for HubSink<S> {
+    fn emit(&mut self, mut event: ContainerEvent) {
+        self.hub.publish(&mut event);
+        self.out.emit(event);
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateLabels {
+    subscriber: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SubscriberLabels {
+    subscriber: String,
+}
+
+/// The hub's metrics.
+#[derive(Clone)]
+pub struct HubMetrics {
+    watchers: Gauge,
+    watchers_dropped: Counter,
+    subscribers: Gauge,
+    holds: Family<GateLabels, Counter>,
+    decisions: Family<GateLabels, Counter>,
+    hold_seconds: Family<SubscriberLabels, Histogram>,
+}
+
+impl HubMetrics {
+    /// Registers the metrics in `registry`.
+    pub fn register(registry: &mut Registry) -> HubMetrics {
+        let m = HubMetrics {
+            watchers: Gauge::default(),
+            watchers_dropped: Counter::default(),
+            subscribers: Gauge::default(),
+            holds: Family::default(),
+            decisions: Family::default(),
+            hold_seconds: Family::new_with_constructor(|| {
+                // 100 us .. ~26 s
+                Histogram::new(exponential_buckets(1e-4, 4.0, 10))
+            }),
+        };
+        registry.register("watchers", "Consumers watching changes", m.watchers.clone());
+        registry.register(
+            "watchers_dropped",
+            "Watchers disconnected because they did not keep up",
+            m.watchers_dropped.clone(),
+        );
+        registry.register(
+            "gate_subscribers",
+            "Gate subscribers connected",
+            m.subscribers.clone(),
+        );
+        registry.register(
+            "gate_holds",
+            "Containers handed to gate subscribers (outcome held or not-held)",
+            m.holds.clone(),
+        );
+        registry.register(
+            "gate_decisions",
+            "Holds resolved, by outcome: allow, deny, timeout, disconnected",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "gate_hold_seconds",
+            "Time a container's start waited for a gate subscriber",
+            m.hold_seconds.clone(),
+        );
+        m
+    }
+
+    fn hold(&self, subscriber: &str, outcome: &str) {
+        self.holds
+            .get_or_create(&GateLabels {
+                subscriber: subscriber.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    fn decided(&self, subscriber: &str, outcome: &str, waited: Duration) {
+        self.decisions
+            .get_or_create(&GateLabels {
+                subscriber: subscriber.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        self.hold_seconds
+            .get_or_create(&SubscriberLabels {
+                subscriber: subscriber.to_owned(),
+            })
+            .observe(waited.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lookout_model::{Kubernetes, RuntimeKind};
+
+    fn hub(window: usize, buffer: usize) -> Arc<Hub> {
+        let mut r = Registry::default();
+        Hub::new(
+            HubConfig {
+                window,
+                watch_buffer: buffer,
+                ..HubConfig::default()
+            },
+            HubMetrics::register(&mut r),
+        )
+    }
+
+    fn added(id: &str, status: Status) -> ContainerEvent {
+        let mut c = Container::new(id, RuntimeKind::Runc);
+        c.status = status;
+        c.pid = Some(7);
+        ContainerEvent::added(Source::RuntimeHook, c)
+    }
+
+    fn removed(id: &str) -> ContainerEvent {
+        ContainerEvent::removed(
+            Source::RuntimeHook,
+            Container::new(id, RuntimeKind::Runc),
+            Some(0),
+        )
+    }
+
+    fn feed(h: &Arc<Hub>, e: ContainerEvent) {
+        let mut s = HubSink::new(Arc::clone(h), |_e: ContainerEvent| {});
+        s.emit(e);
+    }
+
+    fn now() -> impl std::future::Future<Output = ()> {
+        tokio::time::sleep(Duration::ZERO)
+    }
+
+    #[tokio::test]
+    async fn watch_resumes_from_a_revision_without_loss_or_duplicate() {
+        let h = hub(100, 100);
+        feed(&h, added("a", Status::Running));
+        let (rev, list) = h.list(&Filter::default());
+        assert_eq!(list.len(), 1);
+        feed(&h, added("b", Status::Running));
+        feed(&h, removed("a"));
+        let mut w = h.watch(rev, Filter::default()).expect("watch");
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            match w.next().await.expect("item") {
+                WatchItem::Change(c) => got.push((c.revision - rev, c.live.container.id.clone())),
+                WatchItem::Snapshot { .. } => panic!("no snapshot for a retained revision"),
+            }
+        }
+        assert_eq!(got, [(1, "b".to_owned()), (2, "a".to_owned())]);
+        now().await;
+    }
+
+    #[tokio::test]
+    async fn a_revision_older_than_the_window_gets_a_snapshot() {
+        let h = hub(2, 100);
+        let (rev0, _) = h.list(&Filter::default());
+        for id in ["a", "b", "c", "d"] {
+            feed(&h, added(id, Status::Running));
+        }
+        let mut w = h.watch(rev0, Filter::default()).expect("watch");
+        match w.next().await.expect("item") {
+            WatchItem::Snapshot {
+                revision,
+                containers,
+            } => {
+                assert_eq!(revision, rev0 + 4);
+                assert_eq!(containers.len(), 4);
+            }
+            WatchItem::Change(_) => panic!("expected a snapshot"),
+        }
+        // A revision of an earlier agent process (smaller than this one's
+        // start) gets one too, even before this one logged anything.
+        let fresh = hub(2, 100);
+        assert!(matches!(
+            fresh
+                .watch(rev0, Filter::default())
+                .expect("watch")
+                .next()
+                .await,
+            Ok(WatchItem::Snapshot { .. })
+        ));
+        let (now, _) = fresh.list(&Filter::default());
+        let mut quiet = fresh.watch(now, Filter::default()).expect("watch");
+        feed(&fresh, added("e", Status::Running));
+        assert!(
+            matches!(quiet.next().await, Ok(WatchItem::Change(_))),
+            "nothing missed: no snapshot"
+        );
+        assert!(matches!(
+            h.watch(1, Filter::default()).expect("watch").next().await,
+            Ok(WatchItem::Snapshot { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_stops_reading_is_dropped_without_blocking() {
+        let h = hub(100, 4);
+        let mut slow = h
+            .watch(h.list(&Filter::default()).0, Filter::default())
+            .expect("watch");
+        for i in 0..10 {
+            feed(&h, added(&format!("c{i}"), Status::Running));
+        }
+        let mut n = 0;
+        let end = loop {
+            match slow.next().await {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, 4, "what was buffered is delivered");
+        assert_eq!(end, WatchEnd::Lagged(4));
+    }
+
+    #[tokio::test]
+    async fn filters_select_by_namespace_label_runtime_and_annotation() {
+        let mut c = Container::new("x", RuntimeKind::Crun);
+        c.annotations.insert("trace".into(), "yes".into());
+        c.kubernetes = Some(Kubernetes {
+            namespace: Some("prod".into()),
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+            ..Kubernetes::default()
+        });
+        let f = |r: &[&str], ns: &[&str], l: &[(&str, &str)], a: &[(&str, &str)]| Filter {
+            runtimes: r.iter().map(|s| s.to_string()).collect(),
+            namespaces: ns.iter().map(|s| s.to_string()).collect(),
+            pod_labels: l
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            annotations: a
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        assert!(f(&[], &[], &[], &[]).matches(&c));
+        assert!(f(&["crun"], &["prod"], &[("app", "web")], &[("trace", "yes")]).matches(&c));
+        assert!(!f(&["runc"], &[], &[], &[]).matches(&c));
+        assert!(!f(&[], &["kube-system"], &[], &[]).matches(&c));
+        assert!(!f(&[], &[], &[("app", "db")], &[]).matches(&c));
+        assert!(!f(&[], &[], &[], &[("trace", "no")]).matches(&c));
+    }
+
+    #[tokio::test]
+    async fn gates_decide_and_unanswered_holds_follow_the_policy() {
+        let h = hub(100, 100);
+        feed(&h, added("held", Status::Created));
+        let barrier = GateBarrier(Arc::clone(&h));
+        assert!(
+            barrier.wait("held").is_none(),
+            "no subscriber: nothing to wait for"
+        );
+
+        let mut deny = h
+            .gate(Subscription {
+                name: "policy".into(),
+                filter: Filter::default(),
+                deadline: Duration::from_secs(5),
+                on_failure: FailurePolicy::Open,
+            })
+            .expect("gate");
+        let wait = barrier.wait("held").expect("a subscriber holds it");
+        let answer = tokio::spawn(async move {
+            let h = deny.holds.recv().await.expect("hold");
+            assert_eq!(h.live.container.id, "held");
+            let _ = h.respond.expect("held").send(Verdict::Deny("no".into()));
+            deny
+        });
+        assert_eq!(
+            wait.await,
+            StartDecision::Deny("denied by gate policy: no".into())
+        );
+        let deny = answer.await.expect("task");
+        // The removal carries the reason.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut s = HubSink::new(Arc::clone(&h), move |e: ContainerEvent| {
+            let _ = tx.send(e);
+        });
+        s.emit(removed("held"));
+        assert_eq!(
+            rx.recv().await.and_then(|e| e.reason).as_deref(),
+            Some("denied by gate policy: no")
+        );
+        drop(deny);
+
+        // Fail-closed with a subscriber that goes away: denied at once,
+        // except in an exempt namespace.
+        let closed = h
+            .gate(Subscription {
+                name: "strict".into(),
+                filter: Filter::default(),
+                deadline: Duration::from_secs(30),
+                on_failure: FailurePolicy::Closed,
+            })
+            .expect("gate");
+        feed(&h, added("c2", Status::Created));
+        let mut sys = added("sys", Status::Created);
+        sys.container.kubernetes = Some(Kubernetes {
+            namespace: Some("kube-system".into()),
+            ..Kubernetes::default()
+        });
+        feed(&h, sys);
+        let w2 = barrier.wait("c2").expect("held");
+        let w3 = barrier.wait("sys").expect("held");
+        let t = Instant::now();
+        drop(closed);
+        assert!(matches!(w2.await, StartDecision::Deny(r) if r.contains("went away")));
+        assert_eq!(w3.await, StartDecision::Proceed);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "at once, not at the deadline"
+        );
+    }
+
+    #[tokio::test]
+    async fn containers_that_cannot_be_held_are_announced_as_not_held() {
+        let h = hub(100, 100);
+        let mut g = h
+            .gate(Subscription {
+                name: "tracer".into(),
+                filter: Filter::default(),
+                deadline: Duration::from_secs(1),
+                on_failure: FailurePolicy::Open,
+            })
+            .expect("gate");
+        feed(&h, added("run", Status::Running));
+        let n = g.holds.recv().await.expect("notice");
+        assert_eq!((n.hold_id, n.respond.is_none()), (0, true));
+    }
+}
