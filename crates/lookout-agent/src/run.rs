@@ -20,6 +20,8 @@ pub enum Output {
     Json,
     /// One readable line per event.
     Text,
+    /// Nothing: consumers use the API socket (or, embedded, the hub).
+    None,
 }
 
 /// A requested mode: `auto` or one of the ladder.
@@ -159,7 +161,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// Checks across flags that clap cannot express: what would make a flag
     /// meaningless.
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.k8s_events && self.k8s_events_burst == 0 {
             return Err(
                 "invalid value '0' for '--k8s-events-burst <N>': with --k8s-events it \
@@ -277,6 +279,7 @@ impl Sink for StdoutSink {
                 serde_json::to_string(&event).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
             }
             Output::Text => text_line(&event),
+            Output::None => return,
         };
         let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
         let behind = self
@@ -353,11 +356,56 @@ async fn shutdown_signal() {
     }
 }
 
+/// What stops `run` and who hears that it is ready.
+pub(crate) enum Control {
+    /// `lookout run`: SIGTERM or SIGINT stops it.
+    Signals,
+    /// Embedded ([`crate::Discovery`]): `stop` turning true stops it; the
+    /// hub is sent on `ready` once discovery runs.
+    Embedded {
+        stop: tokio::sync::watch::Receiver<bool>,
+        ready: std::sync::mpsc::Sender<std::sync::Arc<Hub>>,
+    },
+}
+
+impl Control {
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
+        let stop = match self {
+            Control::Signals => None,
+            Control::Embedded { stop, .. } => Some(stop.clone()),
+        };
+        async move {
+            match stop {
+                None => shutdown_signal().await,
+                Some(mut s) => {
+                    let _ = s.wait_for(|v| *v).await;
+                    tracing::info!("stop requested: shutting down");
+                }
+            }
+        }
+    }
+
+    fn ready(&self, hub: &std::sync::Arc<Hub>) {
+        if let Control::Embedded { ready, .. } = self {
+            let _ = ready.send(std::sync::Arc::clone(hub));
+        }
+    }
+}
+
 pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
     if let Err(why) = args.check() {
         // Exit 2 with clap's format, like a bad value clap itself refused.
         clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n")).exit();
     }
+    run_with(args, bpf_object, Control::Signals)
+}
+
+/// [`run`] under `control`; flags already checked by the caller.
+pub(crate) fn run_with(
+    args: RunArgs,
+    bpf_object: Option<&'static [u8]>,
+    control: Control,
+) -> anyhow::Result<()> {
     raise_nofile_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -373,7 +421,7 @@ pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<(
         .enable_all()
         .build()
         .context("starting the side tokio runtime")?;
-    let result = rt.block_on(run_async(args, bpf_object, side.handle().clone()));
+    let result = rt.block_on(run_async(args, bpf_object, side.handle().clone(), control));
     // Hook processes and reads stuck on a hung file system must not hold
     // the exit up: their tasks are abandoned.
     side.shutdown_background();
@@ -384,6 +432,7 @@ async fn run_async(
     args: RunArgs,
     bpf_object: Option<&'static [u8]>,
     side: tokio::runtime::Handle,
+    control: Control,
 ) -> anyhow::Result<()> {
     let output = args.output.unwrap_or(if std::io::stdout().is_terminal() {
         Output::Text
@@ -616,7 +665,8 @@ async fn run_async(
                 bpf = hook.has_bpf(),
                 "ready"
             );
-            let stats = hook.run(&mut sink, shutdown_signal()).await;
+            control.ready(&hub);
+            let stats = hook.run(&mut sink, control.stopped()).await;
             tracing::info!(?stats, "runtime hook stopped; marks removed");
             stop_informer(&stop_tx, side).await;
         }
@@ -624,15 +674,17 @@ async fn run_async(
             let task = spawn_informer(informer, sink.clone());
             set_ready(&shared, body);
             tracing::info!("ready");
-            shutdown_signal().await;
+            control.ready(&hub);
+            control.stopped().await;
             stop_informer(&stop_tx, Some(task)).await;
         }
         (None, None) => {
             let side = fallback.map(|i| spawn_informer(i, sink.clone()));
             set_ready(&shared, body);
             tracing::info!("ready");
+            control.ready(&hub);
             Scanner::new(args.host_root.clone(), args.scan_interval)
-                .run(&mut sink, shutdown_signal())
+                .run(&mut sink, control.stopped())
                 .await;
             stop_informer(&stop_tx, side).await;
         }

@@ -1,0 +1,163 @@
+//! lookout: discovers every container on a Linux node the moment it is
+//! created (before its first instruction runs) and when it exits.
+//!
+//! This crate is the `lookout` binary's engine. A Rust program can embed
+//! it ([`Discovery`]) instead of running the binary: it then gets the
+//! node's containers, their changes and gates on their start from the
+//! [`Hub`] in-process, with the same modes, defences and limits as the
+//! agent. See `examples/embed.rs`.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use lookout_agent::{Discovery, Filter};
+//! let d = Discovery::builder().no_socket().start()?;
+//! let (revision, containers) = d.hub().list(&Filter::default());
+//! println!("{} containers at revision {revision}", containers.len());
+//! d.stop()?;
+//! # Ok(()) }
+//! ```
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod cli;
+mod embed;
+mod grpc;
+mod hooks;
+mod hub;
+mod merge;
+mod run;
+mod serve;
+
+pub use embed::{Builder, Discovery};
+pub use hub::{
+    Change, FailurePolicy, Filter, GateSubscriber, HoldRequest, Hub, HubConfig, HubMetrics, Live,
+    Refused, Subscription, Verdict, Watch, WatchEnd, WatchItem,
+};
+
+/// The BPF object built by `cargo xtask build-ebpf` (empty when the agent
+/// was built without it).
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookout-ebpf.o"));
+
+/// The embedded BPF object, if this build has one.
+fn ebpf_object() -> Option<&'static [u8]> {
+    (!EBPF_OBJECT.is_empty()).then_some(EBPF_OBJECT)
+}
+
+/// lookout discovers the containers on this node the moment they are
+/// created, and when they exit.
+#[derive(Debug, Parser)]
+#[command(name = "lookout", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check what this node supports and which discovery mode `auto` picks.
+    ///
+    /// Exits 0 whenever the probe ran, whatever it found.
+    Probe(ProbeArgs),
+    /// Discover containers and print one event per line (JSON by default
+    /// when stdout is not a terminal). Stops on SIGTERM/SIGINT.
+    Run(Box<run::RunArgs>),
+    /// List this node's containers, from a running agent's API socket.
+    Get(GetArgs),
+    /// Print every container change as it happens, from a running agent's
+    /// API socket (resumes across agent restarts).
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GetArgs {
+    /// table, wide (more columns) or json.
+    #[arg(short, long, value_enum, default_value_t = cli::GetOutput::Table)]
+    output: cli::GetOutput,
+    /// The agent's socket.
+    #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+struct WatchArgs {
+    /// text or json (one object per line).
+    #[arg(short, long, value_enum, default_value_t = cli::WatchOutput::Text)]
+    output: cli::WatchOutput,
+    /// Start after this revision (0: the containers now, first).
+    #[arg(long, default_value_t = 0)]
+    since: u64,
+    /// The agent's socket.
+    #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the client's runtime")
+}
+
+#[derive(Debug, clap::Args)]
+struct ProbeArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Where the host's root file system is mounted.
+    #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+    /// An extra runtime binary to look for (an absolute host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH", value_parser = run::absolute_path)]
+    runtime_paths: Vec<PathBuf>,
+    /// Look only at the --runtime-path binaries: not the built-in list of
+    /// install locations, not PATH.
+    #[arg(long)]
+    no_default_runtimes: bool,
+}
+
+/// The `lookout` command line: parses `std::env::args` and runs the
+/// subcommand (what `main` of the binary does).
+pub fn cli_main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOOKOUT_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe(args) => probe(args),
+        Command::Run(args) => run::run(*args, ebpf_object()),
+        Command::Get(a) => client_runtime()?.block_on(cli::get(&a.socket, a.output)),
+        Command::Watch(a) => client_runtime()?.block_on(cli::watch(&a.socket, a.output, a.since)),
+    }
+}
+
+fn probe(args: ProbeArgs) -> anyhow::Result<()> {
+    let opts = lookout_probe::ProbeOptions::new()
+        .host_root(args.host_root)
+        .runtime_paths(args.runtime_paths)
+        .default_runtimes(!args.no_default_runtimes)
+        .bpf_object(ebpf_object());
+    let report = lookout_probe::probe(&opts);
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).context("serializing the probe report")?;
+        println!("{json}");
+    } else {
+        print!("{report}");
+    }
+    tracing::info!("{}", report.summary());
+    Ok(())
+}
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
