@@ -19,7 +19,7 @@ use lookout_runtime_hook::oci::{
 #[derive(Arbitrary, Debug)]
 struct Shaped {
     annotations: BTreeMap<String, String>,
-    /// Repeats the annotations with long values.
+    /// Repeats the first annotations many times, with longer values.
     blow_up: u16,
     args: Vec<String>,
     env: Vec<String>,
@@ -48,7 +48,10 @@ fuzz_target!(|data: &[u8]| {
                 .iter()
                 .take(4)
                 .flat_map(|(k, v)| {
-                    (0..blow_up % 600).map(move |i| (format!("{k}{i}"), v.repeat(64)))
+                    // Up to 2400 entries of up to 256 bytes: past both
+                    // bounds (1024 entries, 256 KiB), in at most ~600 KiB.
+                    let v: String = v.chars().take(64).collect::<String>().repeat(4);
+                    (0..blow_up % 600).map(move |i| (format!("{k}{i}"), v.clone()))
                 })
                 .collect();
             annotations.extend(extra);

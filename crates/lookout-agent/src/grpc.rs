@@ -288,6 +288,9 @@ impl Lookout for Service {
                         Ok(Some(pb::GateRequest { msg: Some(pb::gate_request::Msg::Decision(d)) })) => {
                             if let Some(tx) = pending.remove(&d.hold_id) {
                                 let v = if d.allow {
+                                    if !d.reason.is_empty() {
+                                        tracing::debug!(gate = name, hold = d.hold_id, reason = d.reason, "allowed");
+                                    }
                                     Verdict::Allow
                                 } else {
                                     Verdict::Deny(if d.reason.is_empty() { "no reason given".into() } else { d.reason.chars().take(256).collect() })

@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::Error;
 
-/// Where the agent serves its API unless told otherwise (`--api-socket`).
+/// Where the agent serves its API unless told otherwise (`lookout run --socket`).
 pub const DEFAULT_SOCKET: &str = "/run/lookout/lookout.sock";
 
 /// How [`crate::Client::connect_with`] dials, and how a [`crate::Watcher`]

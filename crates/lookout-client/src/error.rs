@@ -13,7 +13,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// The socket file does not exist: the agent is not running on this node,
-    /// has not created its socket yet, or listens elsewhere (`--api-socket`).
+    /// has not created its socket yet, or listens elsewhere (`lookout run --socket`).
     /// Retryable.
     #[error("the lookout socket {path} does not exist (is the agent running on this node?)")]
     SocketMissing {

@@ -128,8 +128,9 @@ impl Fold {
                     ));
                 }
                 // N.B. taken even when lower than the last revision seen: a
-                // snapshot replaces everything, and an agent that restarted
-                // may count from 1 again.
+                // snapshot replaces everything (the agent's revisions grow
+                // across restarts, but a consumer may meet another agent,
+                // or a node whose clock went back).
                 self.revision = revision;
                 Ok(Some(Event::Snapshot {
                     revision,
