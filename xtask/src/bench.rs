@@ -124,9 +124,11 @@ impl Agent {
             .context("starting lookout")?;
         let agent = Agent { child, out, err };
         let deadline = Instant::now() + Duration::from_secs(30);
+        // `lookout::run: ready` from the binary's own module, or
+        // `lookout_agent::run: ready` since the agent is a library.
         while !std::fs::read_to_string(&agent.err)
             .unwrap_or_default()
-            .contains("lookout::run: ready")
+            .contains("::run: ready")
         {
             if Instant::now() > deadline {
                 bail!(

@@ -872,7 +872,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&stderr)
         .unwrap_or_default()
-        .contains("lookout::run: ready")
+        .contains("lookout_agent::run: ready")
     {
         assert!(Instant::now() < deadline, "agent not ready");
         std::thread::sleep(Duration::from_millis(10));
@@ -1026,7 +1026,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&stderr)
         .unwrap_or_default()
-        .contains("lookout::run: ready")
+        .contains("lookout_agent::run: ready")
     {
         assert!(
             Instant::now() < deadline,

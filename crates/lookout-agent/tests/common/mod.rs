@@ -80,7 +80,7 @@ impl Agent {
             socket,
             _dir: dir,
         };
-        agent.wait_log("lookout::run: ready", Duration::from_secs(20));
+        agent.wait_log("lookout_agent::run: ready", Duration::from_secs(20));
         agent
     }
 
