@@ -13,6 +13,11 @@ use serde_json::{Value, json};
 
 use crate::util::{cargo, exec, is_root, say, workspace_root};
 
+// A child of this module (it shares the helpers below); its file sits
+// beside this one.
+#[path = "bench_consumers.rs"]
+mod consumers;
+
 #[derive(Debug, clap::Args)]
 pub struct Options {
     /// Execs per configuration and round for the exec-overhead measurement.
@@ -34,9 +39,22 @@ pub struct Options {
     /// Entries per mode for the inode-map measurement.
     #[arg(long, default_value_t = 1_000_000)]
     pub inode_entries: u64,
-    /// Run only one part: `agent` or `inode-map`.
+    /// Rounds of the gate measurement: each round times one `runc start`
+    /// per agent (0, 1 and 10 gate subscribers), in a random order.
+    #[arg(long, default_value_t = 200)]
+    pub gate_rounds: usize,
+    /// Containers churned through each of the two agents (100 watchers,
+    /// none) for the watcher CPU and memory measurement.
+    #[arg(long, default_value_t = 300)]
+    pub watch_churn: usize,
+    /// Run only one part: `agent` (includes `consumers`), `consumers` or
+    /// `inode-map`.
     #[arg(long, value_name = "PART")]
     pub only: Option<String>,
+    /// Internal: run only the consumers part, in this process, and write
+    /// its results to PATH (how a release build of xtask runs it).
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub consumers_out: Option<PathBuf>,
 }
 
 /// Prints the inode-map table.
@@ -79,6 +97,7 @@ fn print_inode(v: &Value) {
     );
 }
 
+/// CLOCK_MONOTONIC now, in nanoseconds (the agent's event clock).
 fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -103,6 +122,22 @@ fn stats(v: &[f64]) -> Value {
     json!({"n": v.len(), "p50": pct(&mut v, 0.5), "p99": pct(&mut v, 0.99), "max": pct(&mut v, 1.0)})
 }
 
+/// A new random order of `order` from the xorshift state `rng`.
+///
+/// An exec's cost depends on what ran just before it (caches, which CPU is
+/// awake), and a fixed or rotating order gives each configuration a fixed
+/// predecessor.
+fn shuffle<T>(rng: &mut u64, order: &mut [T]) {
+    for k in (1..order.len()).rev() {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        order.swap(k, (*rng % (k as u64 + 1)) as usize);
+    }
+}
+
+/// A `lookout run --output json` child, stopped (SIGTERM, then reaped) when
+/// dropped, so that a failed benchmark leaves no agent behind.
 struct Agent {
     child: Child,
     out: PathBuf,
@@ -110,6 +145,8 @@ struct Agent {
 }
 
 impl Agent {
+    /// Starts the agent with stdout and stderr in `work` and waits for its
+    /// `ready` line; returns it and the time to ready.
     fn start(bin: &Path, work: &Path, args: &[&str]) -> anyhow::Result<(Agent, Duration)> {
         let out = work.join("agent.out");
         let err = work.join("agent.err");
@@ -145,6 +182,16 @@ impl Agent {
         self.child.id()
     }
 
+    /// Everything the agent printed on stdout (its events) so far.
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Everything the agent logged so far.
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
     /// Events by container id: (added ns, removed ns).
     fn events(&self) -> HashMap<String, (Vec<u64>, Vec<u64>)> {
         let mut m: HashMap<String, (Vec<u64>, Vec<u64>)> = HashMap::new();
@@ -167,8 +214,17 @@ impl Agent {
         m
     }
 
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child.
+    /// Stops the agent (SIGTERM) and reaps it.
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // N.B. SIGTERM, not SIGKILL: the agent removes its fanotify marks
+        // and its socket on the way out.
+        // SAFETY: kill(2) on our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
@@ -270,7 +326,13 @@ fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
 }
 
 fn runc(args: &[&str]) -> bool {
-    Command::new("runc")
+    runtime(Path::new("runc"), args)
+}
+
+/// Runs the runtime `bin` with `args`, output discarded; whether it
+/// succeeded. N.B. not a pipe: the container would inherit it.
+fn runtime(bin: &Path, args: &[&str]) -> bool {
+    Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -304,6 +366,17 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             "the benchmark needs root (fanotify permission events, BPF, runc): sudo -E cargo xtask bench"
         );
     }
+    if let Some(out) = &opts.consumers_out {
+        let root = workspace_root();
+        let v = consumers::bench_consumers(
+            &root.join("target/release/lookout"),
+            &root.join("target/bench/work/consumers"),
+            opts.gate_rounds,
+            opts.watch_churn,
+        )?;
+        std::fs::write(out, serde_json::to_vec(&v)?)?;
+        return Ok(());
+    }
     if opts.only.as_deref() == Some("inode-map") {
         let out_dir = workspace_root().join("target/bench");
         let work = out_dir.join("work");
@@ -318,8 +391,12 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         println!("report: {}", path.display());
         return Ok(());
     }
-    if let Some(other) = opts.only.as_deref().filter(|o| *o != "agent") {
-        bail!("--only {other}: use agent or inode-map");
+    if let Some(other) = opts
+        .only
+        .as_deref()
+        .filter(|o| !["agent", "consumers"].contains(o))
+    {
+        bail!("--only {other}: use agent, consumers or inode-map");
     }
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
@@ -337,6 +414,22 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         ]),
         "see the compiler error above",
     )?;
+    if opts.only.as_deref() == Some("consumers") {
+        let root = workspace_root();
+        let out_dir = root.join("target/bench");
+        let work = out_dir.join("work");
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work)?;
+        let v = consumers::bench_consumers_release(opts, &work)?;
+        let path = out_dir.join("report.json");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&json!({ "consumers": v }))?,
+        )?;
+        consumers::print(&v);
+        println!("report: {}", path.display());
+        return Ok(());
+    }
     exec(
         "build",
         cargo().args([
@@ -412,18 +505,11 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         }
     }
     let (mut none, mut floor, mut agent_t) = (Vec::new(), Vec::new(), Vec::new());
-    // A new random order every iteration: an exec's cost depends on what
-    // ran just before it (caches, which CPU is awake), and a fixed or
-    // rotating order gives each configuration a fixed predecessor.
+    // A new random order every iteration (see `shuffle`).
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..opts.rounds * opts.execs {
         let mut order = [0usize, 1, 2];
-        for k in (1..order.len()).rev() {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            order.swap(k, (rng % (k as u64 + 1)) as usize);
-        }
+        shuffle(&mut rng, &mut order);
         for k in order {
             match k {
                 0 => none.extend(exec_times(&none_noop, 1)),
@@ -659,6 +745,9 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     });
     agent.stop();
 
+    // 4. Consumers: gate subscribers and watchers (issue #12).
+    let consumer_report = consumers::bench_consumers_release(opts, &work)?;
+
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -691,6 +780,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             "rss_all_tracked_kb": heavy_rss,
             "peak_rss_kb": heavy_peak,
         },
+        "consumers": consumer_report,
     });
     let inode = if opts.only.is_none() {
         Some(crate::bench_inode::bench_inode_map(
@@ -770,6 +860,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         "memory: {} containers with 64 KiB of annotations each, {} tracked at once: RSS {} kB, peak {} kB",
         opts.heavy, m["tracked"], m["rss_all_tracked_kb"], m["peak_rss_kb"]
     );
+    consumers::print(&report["consumers"]);
     if let Some(v) = &inode {
         print_inode(v);
     }

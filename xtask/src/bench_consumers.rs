@@ -1,0 +1,642 @@
+//! The consumers part of `cargo xtask bench` (issue #12): what gate
+//! subscribers add to a container's `runc start`, and what watchers cost
+//! the agent in CPU per event and in memory.
+//!
+//! Every comparison runs side by side in one run. Each agent watches a
+//! private copy of runc (`--no-default-runtimes --runtime-path COPY`):
+//! fanotify marks are per inode, so one agent's holds never delay another
+//! agent's execs. The copies are used in a new random order every round,
+//! so machine noise hits every configuration alike. (The copies share the
+//! name `runc`, so every agent's BPF program records the argv of every
+//! copy's execs: a cost all agents pay alike.)
+//!
+//! The consumers are tokio tasks in this process, one connection each,
+//! using lookout-client. They are part of what is measured, so this runs in
+//! a release build of xtask ([`bench_consumers_release`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use lookout_client::{Client, Event, Filter, proto};
+use serde_json::{Value, json};
+
+use super::{
+    Agent, PeakRss, busybox_bundle, drop_page_cache, now_ns, pct, proc_sample, runtime, shuffle,
+    stats,
+};
+use crate::util::{cargo, exec, say, workspace_root};
+
+/// Gate subscribers per agent in the start-latency measurement.
+const SUBSCRIBERS: [usize; 3] = [0, 1, 10];
+/// Watch clients on the watched agent in the CPU and memory measurement.
+const WATCHERS: usize = 100;
+/// Gate rounds run first and thrown away (page cache, first connections).
+const WARMUP: usize = 5;
+/// `List` calls timed as the API's round-trip floor.
+const LIST_CALLS: usize = 200;
+
+/// A private copy of runc and the agent that watches only it.
+struct Watched {
+    runc: PathBuf,
+    socket: PathBuf,
+    /// `host:port` of its /metrics.
+    metrics: String,
+    agent: Agent,
+}
+
+impl Watched {
+    /// Copies runc into `dir` and starts an agent on it.
+    fn start(lookout: &Path, dir: &Path) -> anyhow::Result<Watched> {
+        std::fs::create_dir_all(dir)?;
+        let system = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("runc"))
+            .find(|p| p.is_file())
+            .context("runc is not installed")?;
+        // Named like the original: the agent tells runtimes apart by name.
+        let runc = dir.join("runc");
+        std::fs::copy(&system, &runc)
+            .with_context(|| format!("copying {} to {}", system.display(), runc.display()))?;
+        let socket = dir.join("lookout.sock");
+        let (agent, _) = Agent::start(
+            lookout,
+            dir,
+            &[
+                "--no-default-runtimes",
+                "--runtime-path",
+                runc.to_str().context("utf-8 path")?,
+                "--socket",
+                socket.to_str().context("utf-8 path")?,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )?;
+        // The port is the kernel's choice: read it from the log.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let metrics = loop {
+            let log = agent.stderr();
+            if let Some(addr) = log
+                .split("/metrics on http://")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                break addr.to_owned();
+            }
+            if Instant::now() > deadline {
+                bail!("the agent never said where it serves /metrics:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Ok(Watched {
+            runc,
+            socket,
+            metrics,
+            agent,
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> bool {
+        runtime(&self.runc, args)
+    }
+
+    /// The agent's /metrics page ("" if it cannot be read).
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.metrics) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        let mut page = String::new();
+        let _ = s.read_to_string(&mut page);
+        page
+    }
+
+    /// Waits until the agent printed an event for `id` (for a created
+    /// container: its `Added`, so the hub knows it and a gate can hold its
+    /// start).
+    fn wait_reported(&self, id: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let quoted = format!("\"{id}\"");
+        loop {
+            if self.agent.stdout().contains(&quoted) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the agent on {} never reported {id}", self.runc.display());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The agent's CPU time in seconds: utime+stime from /proc/PID/stat
+    /// (clock ticks), and the process CPU clock (nanoseconds, all threads,
+    /// exited ones included).
+    fn cpu(&self) -> (f64, f64) {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let ticks = proc_sample(self.agent.pid()).0 as f64 / hz;
+        let mut clock: libc::clockid_t = 0;
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointers; the pid is our own unreaped child.
+        let precise = unsafe {
+            if libc::clock_getcpuclockid(self.agent.pid() as libc::pid_t, &mut clock) == 0
+                && libc::clock_gettime(clock, &mut ts) == 0
+            {
+                ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+            } else {
+                f64::NAN
+            }
+        };
+        (ticks, precise)
+    }
+}
+
+/// The sum of the samples of `name` in a metrics page whose labels
+/// contain `labels` (each sample once: `name{...} value`).
+fn metric_sum(page: &str, name: &str, labels: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                && l.contains(labels)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `name` in the agent's metrics reaches `want`.
+fn wait_metric(w: &Watched, name: &str, want: f64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = metric_sum(&w.metrics(), name, "");
+        if got >= want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{name} is {got}, expected {want}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Subscribes to the gate on `socket` as `name`, allowing every hold at
+/// once. For each held one, records in `delivered` how long it took from
+/// the hold's start in the agent to this task (microseconds; both ends
+/// read `CLOCK_MONOTONIC`).
+async fn subscribe(
+    socket: PathBuf,
+    name: String,
+    delivered: Arc<Mutex<Vec<f64>>>,
+) -> anyhow::Result<()> {
+    let client = Client::connect(&socket).await?;
+    let mut gate = client
+        .gate(proto::Subscribe {
+            name,
+            filter: Some(Filter::all().into()),
+            deadline_ms: 2000,
+            on_failure: proto::FailurePolicy::FailOpen.into(),
+        })
+        .await?;
+    tokio::spawn(async move {
+        while let Some(Ok(hold)) = gate.next().await {
+            let us = hold
+                .held()
+                .then(|| now_ns().saturating_sub(hold.monotonic_ns()) as f64 / 1e3);
+            // Answer first, record after: the start waits for the answer.
+            if hold.allow().is_err() {
+                break;
+            }
+            if let (Some(us), Ok(mut d)) = (us, delivered.lock()) {
+                d.push(us);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Watches everything on `socket`, reading each event in full; counts
+/// changes and snapshots (more snapshots than watchers: a resync).
+async fn watch(
+    socket: PathBuf,
+    changes: Arc<AtomicU64>,
+    snapshots: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    let client = Client::connect(&socket).await?;
+    let mut watcher = client.watch(Filter::all()).await?;
+    tokio::spawn(async move {
+        loop {
+            match watcher.next().await {
+                Ok(Event::Snapshot { .. }) => {
+                    snapshots.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Event::Added { container, .. } | Event::Removed { container, .. }) => {
+                    std::hint::black_box(container);
+                    changes.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Runs [`bench_consumers`] in a release build of xtask (built here), with
+/// the release agent; `work` is the bench's scratch directory.
+///
+/// N.B. The consumers are part of what is measured, and `cargo xtask`
+/// builds xtask without optimisation: there a `List` round trip took 330 us
+/// against 120 us optimised, and a hold 420 us against 280 us.
+pub fn bench_consumers_release(opts: &super::Options, work: &Path) -> anyhow::Result<Value> {
+    exec(
+        "build",
+        cargo().args(["build", "-j2", "--release", "-p", "xtask"]),
+        "see the compiler error above",
+    )?;
+    let out = work.join("consumers.json");
+    exec(
+        "bench",
+        std::process::Command::new(workspace_root().join("target/release/xtask"))
+            .arg("bench")
+            .arg(format!("--gate-rounds={}", opts.gate_rounds))
+            .arg(format!("--watch-churn={}", opts.watch_churn))
+            .arg("--consumers-out")
+            .arg(&out),
+        "see the error above",
+    )?;
+    Ok(serde_json::from_slice(&std::fs::read(&out)?)?)
+}
+
+/// Runs both measurements in `work` with the release agent `lookout`:
+/// `rounds` timed starts per gate configuration, `churn` containers per
+/// agent for the watchers.
+pub fn bench_consumers(
+    lookout: &Path,
+    work: &Path,
+    rounds: usize,
+    churn: usize,
+) -> anyhow::Result<Value> {
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let gates = gates(lookout, work, &rt, rounds)?;
+    let watchers = watchers(lookout, work, &rt, churn)?;
+    rt.shutdown_background();
+    Ok(json!({ "gate_start_us": gates, "watchers": watchers }))
+}
+
+/// 1. `runc start` with 0, 1 and 10 gate subscribers that allow at once.
+fn gates(
+    lookout: &Path,
+    work: &Path,
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+) -> anyhow::Result<Value> {
+    say(
+        "bench",
+        &format!(
+            "gates: {rounds} rounds of `runc start` with {SUBSCRIBERS:?} subscribers, interleaved"
+        ),
+    );
+    let agents = SUBSCRIBERS
+        .iter()
+        .map(|n| Watched::start(lookout, &work.join(format!("gate-{n}"))))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let delivered: Vec<Arc<Mutex<Vec<f64>>>> = agents.iter().map(|_| Arc::default()).collect();
+    for ((a, &n), delivered) in agents.iter().zip(&SUBSCRIBERS).zip(&delivered) {
+        for j in 0..n {
+            rt.block_on(subscribe(
+                a.socket.clone(),
+                format!("bench-{n}-{j}"),
+                Arc::clone(delivered),
+            ))?;
+        }
+        wait_metric(a, "lookout_gate_subscribers", n as f64)?;
+    }
+    let bundle = work.join("bundle-gate");
+    busybox_bundle(&bundle, &["sleep", "30"])?;
+    let bs = bundle.to_str().context("utf-8 path")?;
+    // Same page-cache state for the three copies (see the exec overhead).
+    for a in &agents {
+        drop_page_cache(&a.runc)?;
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); agents.len()];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for r in 0..WARMUP + rounds {
+        let ids: Vec<String> = SUBSCRIBERS
+            .iter()
+            .map(|n| format!("bench-gate{n}-{r}"))
+            .collect();
+        let mut order: Vec<usize> = (0..agents.len()).collect();
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            if !agents[k].run(&["create", "--bundle", bs, &ids[k]]) {
+                bail!("{} create {} failed", agents[k].runc.display(), ids[k]);
+            }
+        }
+        for (a, id) in agents.iter().zip(&ids) {
+            a.wait_reported(id)?;
+        }
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            let t = Instant::now();
+            let ok = agents[k].run(&["start", &ids[k]]);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if !ok {
+                bail!("{} start {} failed", agents[k].runc.display(), ids[k]);
+            }
+            if r >= WARMUP {
+                times[k].push(us);
+            }
+        }
+        for (a, id) in agents.iter().zip(&ids) {
+            a.run(&["delete", "--force", id]);
+        }
+    }
+    let pages: Vec<String> = agents.iter().map(Watched::metrics).collect();
+    // The floor of any answer through the API on this machine: a `List`
+    // round trip on an idle agent (threads parked, as when a hold begins),
+    // and back to back (threads awake).
+    let (list_idle_us, list_busy_us) = rt.block_on(async {
+        let client = Client::connect(&agents[0].socket).await?;
+        let (mut idle, mut busy) = (Vec::new(), Vec::new());
+        for i in 0..2 * LIST_CALLS {
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let t = Instant::now();
+            client.list(Filter::all()).await?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if i % 2 == 0 { &mut idle } else { &mut busy }.push(us);
+        }
+        anyhow::Ok((idle, busy))
+    })?;
+    drop(agents);
+
+    let p = |v: &[f64], q: f64| pct(&mut v.to_vec(), q);
+    let mut out = json!({ "rounds": rounds, "list_round_trip_idle_us": stats(&list_idle_us),
+        "list_round_trip_busy_us": stats(&list_busy_us) });
+    for (k, n) in SUBSCRIBERS.iter().enumerate() {
+        let page = &pages[k];
+        let hold_s = metric_sum(page, "lookout_gate_hold_seconds_sum", "");
+        let hold_n = metric_sum(page, "lookout_gate_hold_seconds_count", "");
+        // Start k minus start 0 of the same round: the pair shares the
+        // round's machine state.
+        let paired: Vec<f64> = times[k].iter().zip(&times[0]).map(|(a, b)| a - b).collect();
+        let hold_mean_us = if hold_n > 0.0 {
+            hold_s / hold_n * 1e6
+        } else {
+            0.0
+        };
+        let delivered = delivered[k].lock().map(|d| d.clone()).unwrap_or_default();
+        let out_mean_us = delivered.iter().sum::<f64>() / delivered.len().max(1) as f64;
+        out[format!("subscribers_{n}")] = json!({
+            "start_us": stats(&times[k]),
+            "added_p50_us": p(&times[k], 0.5) - p(&times[0], 0.5),
+            "added_p99_us": p(&times[k], 0.99) - p(&times[0], 0.99),
+            "added_paired_p50_us": p(&paired, 0.5),
+            "holds_answered": delivered.len(),
+            "decisions_allow": metric_sum(page, "lookout_gate_decisions_total", "outcome=\"allow\""),
+            "decisions_not_allow": metric_sum(page, "lookout_gate_decisions_total", "")
+                - metric_sum(page, "lookout_gate_decisions_total", "outcome=\"allow\""),
+            "agent_hold_mean_us": hold_mean_us,
+            "hold_to_subscriber_us": stats(&delivered),
+            "hold_to_subscriber_mean_us": out_mean_us,
+        });
+    }
+    Ok(out)
+}
+
+/// 2 and 3. Agent CPU per event and RSS with `WATCHERS` watchers and none.
+fn watchers(
+    lookout: &Path,
+    work: &Path,
+    rt: &tokio::runtime::Runtime,
+    churn: usize,
+) -> anyhow::Result<Value> {
+    say(
+        "bench",
+        &format!(
+            "watchers: {churn} containers through each of two agents ({WATCHERS} watchers, none), interleaved"
+        ),
+    );
+    // 0: watched by WATCHERS clients, 1: by none.
+    let agents = [
+        Watched::start(lookout, &work.join("watch-100"))?,
+        Watched::start(lookout, &work.join("watch-0"))?,
+    ];
+    let changes = Arc::new(AtomicU64::new(0));
+    let snapshots = Arc::new(AtomicU64::new(0));
+    for _ in 0..WATCHERS {
+        rt.block_on(watch(
+            agents[0].socket.clone(),
+            Arc::clone(&changes),
+            Arc::clone(&snapshots),
+        ))?;
+    }
+    wait_metric(&agents[0], "lookout_watchers", WATCHERS as f64)?;
+    // Let the connections settle before the baseline samples.
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_before: Vec<u64> = agents
+        .iter()
+        .map(|a| proc_sample(a.agent.pid()).2)
+        .collect();
+    let samplers: Vec<PeakRss> = agents
+        .iter()
+        .map(|a| PeakRss::start(a.agent.pid()))
+        .collect();
+    let cpu0: Vec<(f64, f64)> = agents.iter().map(Watched::cpu).collect();
+    // Events are counted off stdout, all of them: the CPU time covers any
+    // other container's too (the root tests' containers are visible to
+    // every agent through the shared /run/runc).
+    let printed = |a: &Watched| a.agent.stdout().lines().count();
+    let lines0: Vec<usize> = agents.iter().map(printed).collect();
+    let bundle = work.join("bundle-watch");
+    busybox_bundle(&bundle, &["true"])?;
+    let bs = bundle.to_str().context("utf-8 path")?;
+    let mut ids: [Vec<String>; 2] = Default::default();
+    let mut failed = 0usize;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let t = Instant::now();
+    for i in 0..churn {
+        let mut order = [0usize, 1];
+        shuffle(&mut rng, &mut order);
+        for k in order {
+            let id = format!("bench-watch{k}-{i}");
+            if !(agents[k].run(&["create", "--bundle", bs, &id]) && agents[k].run(&["start", &id]))
+            {
+                failed += 1;
+            }
+            agents[k].run(&["delete", "--force", &id]);
+            ids[k].push(id);
+        }
+    }
+    let churn_s = t.elapsed().as_secs_f64();
+    // Every container reported added and removed by its agent, and every
+    // change read by every watcher.
+    let removed = |k: usize| {
+        let e = agents[k].agent.events();
+        ids[k]
+            .iter()
+            .filter(|id| e.get(*id).is_some_and(|(_, r)| !r.is_empty()))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let expected_changes = loop {
+        let done = (0..2).all(|k| removed(k) == churn);
+        let expected = (printed(&agents[0]) - lines0[0]) * WATCHERS;
+        if (done && changes.load(Ordering::Relaxed) as usize >= expected)
+            || Instant::now() > deadline
+        {
+            break expected;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let cpu1: Vec<(f64, f64)> = agents.iter().map(Watched::cpu).collect();
+    let lines1: Vec<usize> = agents.iter().map(printed).collect();
+    let rss_end: Vec<u64> = agents
+        .iter()
+        .map(|a| proc_sample(a.agent.pid()).2)
+        .collect();
+    let peaks: Vec<u64> = samplers.into_iter().map(PeakRss::stop).collect();
+    let dropped = metric_sum(&agents[0].metrics(), "lookout_watchers_dropped_total", "");
+
+    let mut per = Vec::new();
+    for k in 0..2 {
+        let e = agents[k].agent.events();
+        let churned: usize = ids[k]
+            .iter()
+            .filter_map(|id| e.get(id))
+            .map(|(a, r)| a.len() + r.len())
+            .sum();
+        let events = lines1[k] - lines0[k];
+        let cpu = cpu1[k].0 - cpu0[k].0;
+        let clock = cpu1[k].1 - cpu0[k].1;
+        per.push(json!({
+            "events": events,
+            "events_of_churned_containers": churned,
+            "missed_added": ids[k].iter().filter(|id| e.get(*id).is_none_or(|(a, _)| a.is_empty())).count(),
+            "missing_removed": churn - removed(k),
+            "cpu_s": cpu,
+            "cpu_per_event_us": cpu * 1e6 / events.max(1) as f64,
+            "cpu_clock_s": clock,
+            "cpu_clock_per_event_us": clock * 1e6 / events.max(1) as f64,
+            "rss_before_kb": rss_before[k],
+            "rss_end_kb": rss_end[k],
+            "peak_rss_kb": peaks[k],
+        }));
+    }
+    drop(agents);
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let added = g(&per[0], "cpu_per_event_us") - g(&per[1], "cpu_per_event_us");
+    let added_clock = g(&per[0], "cpu_clock_per_event_us") - g(&per[1], "cpu_clock_per_event_us");
+    Ok(json!({
+        "watchers": WATCHERS,
+        "containers": churn,
+        "create_start_failed": failed,
+        "churn_wall_s": churn_s,
+        "with_watchers": per[0],
+        "without": per[1],
+        "added_cpu_per_event_us": added,
+        "added_cpu_clock_per_event_us": added_clock,
+        "added_cpu_clock_per_watcher_event_us": added_clock / WATCHERS as f64,
+        "watcher_changes_read": changes.load(Ordering::Relaxed),
+        "watcher_changes_expected": expected_changes,
+        "watcher_snapshots": snapshots.load(Ordering::Relaxed),
+        "watchers_dropped": dropped,
+    }))
+}
+
+/// Prints the consumers' table and lines.
+pub fn print(v: &Value) {
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let gs = &v["gate_start_us"];
+    println!(
+        "\nconsumers: `runc start` with gate subscribers that allow at once, {} interleaved rounds\n",
+        gs["rounds"]
+    );
+    println!("| runc start | p50 (us) | p99 (us) | added p50 | added p99 | added, paired p50 |");
+    println!("|---|---|---|---|---|---|");
+    for n in SUBSCRIBERS {
+        let x = &gs[format!("subscribers_{n}")];
+        println!(
+            "| {n} subscriber(s) | {:.0} | {:.0} | {:+.0} | {:+.0} | {:+.0} |",
+            g(&x["start_us"], "p50"),
+            g(&x["start_us"], "p99"),
+            g(x, "added_p50_us"),
+            g(x, "added_p99_us"),
+            g(x, "added_paired_p50_us"),
+        );
+    }
+    for n in &SUBSCRIBERS[1..] {
+        let x = &gs[format!("subscribers_{n}")];
+        println!(
+            "{n} subscriber(s): {} holds answered (warm-up included), {:.0} not allowed (timeouts, disconnects); \
+             a hold waited {:.0} us on average in the agent, of which {:.0} us until the subscriber had it \
+             (p50 {:.0}, p99 {:.0})",
+            x["holds_answered"],
+            g(x, "decisions_not_allow"),
+            g(x, "agent_hold_mean_us"),
+            g(x, "hold_to_subscriber_mean_us"),
+            g(&x["hold_to_subscriber_us"], "p50"),
+            g(&x["hold_to_subscriber_us"], "p99"),
+        );
+    }
+    println!(
+        "a `List` round trip (the API's floor): after 2 ms idle p50 {:.0} us, p99 {:.0} us; \
+         right after another p50 {:.0} us, p99 {:.0} us",
+        g(&gs["list_round_trip_idle_us"], "p50"),
+        g(&gs["list_round_trip_idle_us"], "p99"),
+        g(&gs["list_round_trip_busy_us"], "p50"),
+        g(&gs["list_round_trip_busy_us"], "p99"),
+    );
+    let w = &v["watchers"];
+    let (a, b) = (&w["with_watchers"], &w["without"]);
+    println!(
+        "\nwatchers: {} containers through each agent ({} and {} events), {} watchers read {} of {} changes ({} snapshots, {:.0} dropped)",
+        w["containers"],
+        a["events"],
+        b["events"],
+        w["watchers"],
+        w["watcher_changes_read"],
+        w["watcher_changes_expected"],
+        w["watcher_snapshots"],
+        g(w, "watchers_dropped")
+    );
+    println!(
+        "\n| agent | CPU per event (us) | CPU clock per event (us) | RSS before (kB) | RSS end (kB) | peak RSS (kB) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (name, x) in [
+        (format!("{} watchers", w["watchers"]), a),
+        ("no watcher".to_owned(), b),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.0} | {} | {} | {} |",
+            g(x, "cpu_per_event_us"),
+            g(x, "cpu_clock_per_event_us"),
+            x["rss_before_kb"],
+            x["rss_end_kb"],
+            x["peak_rss_kb"]
+        );
+    }
+    println!(
+        "added by the watchers: {:.0} us per event (CPU clock: {:.0} us, {:.2} us per watcher and event)",
+        g(w, "added_cpu_per_event_us"),
+        g(w, "added_cpu_clock_per_event_us"),
+        g(w, "added_cpu_clock_per_watcher_event_us"),
+    );
+}
