@@ -406,44 +406,30 @@ pub fn spawn(
     auth: Auth,
     default_deadline: Duration,
 ) -> anyhow::Result<()> {
-    std::thread::Builder::new()
-        .name("lookout-grpc".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(%e, "consumer API: no runtime; not serving");
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let listener = match tokio::net::UnixListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!(%e, "consumer API: cannot register the socket");
-                        return;
-                    }
-                };
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                let svc = Service {
-                    hub,
-                    auth,
-                    default_deadline,
-                };
-                tracing::info!(socket = %path.display(), "consumer API listening");
-                if let Err(e) = tonic::transport::Server::builder()
-                    .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                    .add_service(LookoutServer::new(svc))
-                    .serve_with_incoming(incoming)
-                    .await
-                {
-                    tracing::error!(%e, "consumer API stopped");
-                }
-            });
-        })
-        .context("spawning the consumer API thread")?;
+    crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
+        let listener = match tokio::net::UnixListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(%e, "consumer API: cannot register the socket");
+                return;
+            }
+        };
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let svc = Service {
+            hub,
+            auth,
+            default_deadline,
+        };
+        tracing::info!(socket = %path.display(), "consumer API listening");
+        if let Err(e) = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(LookoutServer::new(svc))
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(%e, "consumer API stopped");
+        }
+    })
+    .context("spawning the consumer API thread")?;
     Ok(())
 }

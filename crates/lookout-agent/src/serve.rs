@@ -373,27 +373,42 @@ pub fn spawn(addr: SocketAddr, shared: Arc<Shared>) {
     let local = listener
         .local_addr()
         .map_or_else(|_| addr.to_string(), |a| a.to_string());
-    let spawned = std::thread::Builder::new()
-        .name("lookout-http".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(%e, "cannot start the HTTP runtime; going on without the endpoints");
-                    return;
-                }
-            };
-            rt.block_on(serve(listener, shared));
-        });
+    let spawned = on_own_thread("lookout-http", "the endpoints", move || {
+        serve(listener, shared)
+    });
     match spawned {
         Ok(_) => tracing::info!("serving /healthz, /readyz and /metrics on http://{local}"),
         Err(e) => {
             tracing::error!(%e, "cannot start the HTTP thread; going on without the endpoints")
         }
     }
+}
+
+/// Runs the future `make` returns on a thread named `name` with a
+/// current-thread runtime of its own, so that whoever it talks to never
+/// shares a thread with discovery. `what` names it in the log if the
+/// runtime cannot start (it then does not run; discovery goes on).
+pub(crate) fn on_own_thread<F>(
+    name: &str,
+    what: &'static str,
+    make: impl FnOnce() -> F + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: std::future::Future<Output = ()>,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(make()),
+                Err(e) => {
+                    tracing::error!(%e, "cannot start a runtime for {what}; going on without it")
+                }
+            }
+        })
 }
 
 async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {

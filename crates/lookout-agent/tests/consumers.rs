@@ -147,10 +147,9 @@ fn busybox_bundle(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     b
 }
 
-fn sub(name: &str, deadline_ms: u32, policy: pb::FailurePolicy, ids: &[&str]) -> pb::Subscribe {
-    // Only this test's containers: other tests' agents are separate, but
-    // be explicit anyway.
-    let _ = ids;
+/// A subscription to runc containers (each test's agent watches only its
+/// own runc copy).
+fn sub(name: &str, deadline_ms: u32, policy: pb::FailurePolicy) -> pb::Subscribe {
     pb::Subscribe {
         name: name.into(),
         filter: Some(pb::Filter {
@@ -179,7 +178,7 @@ fn a_gate_answers_before_the_containers_first_instruction() {
     let mut s = subscribe(
         &tokio,
         agent.socket(),
-        sub("tracer", 5000, pb::FailurePolicy::FailOpen, &[]),
+        sub("tracer", 5000, pb::FailurePolicy::FailOpen),
     );
     let id = id("gate-first");
     rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
@@ -267,7 +266,7 @@ fn unanswered_holds_follow_the_policy_and_exempt_namespaces_always_start() {
     let open = subscribe(
         &tokio,
         agent.socket(),
-        sub("silent-open", 500, pb::FailurePolicy::FailOpen, &[]),
+        sub("silent-open", 500, pb::FailurePolicy::FailOpen),
     );
     let a = id("gate-open");
     let (ok, took) = create_and_start(&rt, &b, &a);
@@ -285,7 +284,7 @@ fn unanswered_holds_follow_the_policy_and_exempt_namespaces_always_start() {
     let closed = subscribe(
         &tokio,
         agent.socket(),
-        sub("silent-closed", 500, pb::FailurePolicy::FailClosed, &[]),
+        sub("silent-closed", 500, pb::FailurePolicy::FailClosed),
     );
     let c = id("gate-closed");
     let (ok, _) = create_and_start(&rt, &b, &c);
@@ -327,7 +326,7 @@ fn a_denied_container_never_runs_and_a_vanished_subscriber_releases_at_once() {
     let mut s = subscribe(
         &tokio,
         agent.socket(),
-        sub("policy", 10_000, pb::FailurePolicy::FailOpen, &[]),
+        sub("policy", 10_000, pb::FailurePolicy::FailOpen),
     );
     let denied = id("gate-denied");
     rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &denied]);
