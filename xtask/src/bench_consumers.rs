@@ -536,7 +536,8 @@ fn watchers(
             "cpu_clock_per_event_us": clock * 1e6 / events.max(1) as f64,
             "rss_before_kb": rss_before[k],
             "rss_end_kb": rss_end[k],
-            "peak_rss_kb": peaks[k],
+            // The sampler runs every 50 ms and may miss the last growth.
+            "peak_rss_kb": peaks[k].max(rss_end[k]),
         }));
     }
     drop(agents);
