@@ -41,7 +41,7 @@ impl Filter {
     /// Whether `c` matches.
     pub fn matches(&self, c: &Container) -> bool {
         let k8s = c.kubernetes.as_ref();
-        (self.runtimes.is_empty() || self.runtimes.iter().any(|r| *r == c.runtime.to_string()))
+        (self.runtimes.is_empty() || self.runtimes.iter().any(|r| r == c.runtime.as_str()))
             && (self.namespaces.is_empty()
                 || k8s
                     .and_then(|k| k.namespace.as_ref())
@@ -559,7 +559,8 @@ pub struct GateBarrier(pub Arc<Hub>);
 impl StartBarrier for GateBarrier {
     fn wait(&self, id: &str) -> Option<StartWait> {
         let hub = Arc::clone(&self.0);
-        if !hub.can_hold.load(Ordering::Relaxed) {
+        // On every runtime `start`: with no subscriber, no lookup at all.
+        if !hub.can_hold.load(Ordering::Relaxed) || lock(&hub.gates).is_empty() {
             return None;
         }
         let live = lock(&hub.state).live.get(id).cloned()?;
@@ -732,12 +733,12 @@ impl HubMetrics {
         );
         registry.register(
             "gate_holds",
-            "Containers handed to gate subscribers (outcome held or not-held)",
+            "Containers handed to gate subscribers, by outcome: held, not-held, queue-full",
             m.holds.clone(),
         );
         registry.register(
             "gate_decisions",
-            "Holds resolved, by outcome: allow, deny, timeout, disconnected",
+            "Holds resolved, by outcome: allow, deny, timeout, disconnected, queue-full",
             m.decisions.clone(),
         );
         registry.register(
