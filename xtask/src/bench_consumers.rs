@@ -334,6 +334,7 @@ fn gates(
         drop_page_cache(&a.runc)?;
     }
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); agents.len()];
+    let mut back_to_back: Vec<Vec<f64>> = vec![Vec::new(); agents.len()];
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for r in 0..WARMUP + rounds {
         let ids: Vec<String> = SUBSCRIBERS
@@ -364,6 +365,26 @@ fn gates(
         }
         for (a, id) in agents.iter().zip(&ids) {
             a.run(&["delete", "--force", id]);
+        }
+        // Back to back: `start` right after `create` exits, as a script
+        // would; the subscribers have only the gap between the two execs
+        // to answer before the start waits.
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            let id = format!("{}-b", ids[k]);
+            if !agents[k].run(&["create", "--bundle", bs, &id]) {
+                bail!("{} create {id} failed", agents[k].runc.display());
+            }
+            let t = Instant::now();
+            let ok = agents[k].run(&["start", &id]);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if !ok {
+                bail!("{} start {id} failed", agents[k].runc.display());
+            }
+            if r >= WARMUP {
+                back_to_back[k].push(us);
+            }
+            agents[k].run(&["delete", "--force", &id]);
         }
     }
     let pages: Vec<String> = agents.iter().map(Watched::metrics).collect();
@@ -401,6 +422,13 @@ fn gates(
         } else {
             0.0
         };
+        let wait_s = metric_sum(page, "lookout_gate_start_wait_seconds_sum", "");
+        let wait_n = metric_sum(page, "lookout_gate_start_wait_seconds_count", "");
+        let b2b_paired: Vec<f64> = back_to_back[k]
+            .iter()
+            .zip(&back_to_back[0])
+            .map(|(a, b)| a - b)
+            .collect();
         let delivered = delivered[k].lock().map(|d| d.clone()).unwrap_or_default();
         let out_mean_us = delivered.iter().sum::<f64>() / delivered.len().max(1) as f64;
         out[format!("subscribers_{n}")] = json!({
@@ -413,6 +441,12 @@ fn gates(
             "decisions_not_allow": metric_sum(page, "lookout_gate_decisions_total", "")
                 - metric_sum(page, "lookout_gate_decisions_total", "outcome=\"allow\""),
             "agent_hold_mean_us": hold_mean_us,
+            "start_wait_mean_us": if wait_n > 0.0 { wait_s / wait_n * 1e6 } else { 0.0 },
+            "held_starts": wait_n,
+            "back_to_back_start_us": stats(&back_to_back[k]),
+            "back_to_back_added_p50_us": p(&back_to_back[k], 0.5) - p(&back_to_back[0], 0.5),
+            "back_to_back_added_p99_us": p(&back_to_back[k], 0.99) - p(&back_to_back[0], 0.99),
+            "back_to_back_added_paired_p50_us": p(&b2b_paired, 0.5),
             "hold_to_subscriber_us": stats(&delivered),
             "hold_to_subscriber_mean_us": out_mean_us,
         });
@@ -582,18 +616,35 @@ pub fn print(v: &Value) {
             g(x, "added_paired_p50_us"),
         );
     }
+    println!(
+        "\n`runc start` right after `create` exits (back to back), the same rounds\n\n\
+         | runc start | p50 (us) | p99 (us) | added p50 | added p99 | added, paired p50 |\n|---|---|---|---|---|---|"
+    );
+    for n in SUBSCRIBERS {
+        let x = &gs[format!("subscribers_{n}")];
+        println!(
+            "| {n} subscriber(s) | {:.0} | {:.0} | {:+.0} | {:+.0} | {:+.0} |",
+            g(&x["back_to_back_start_us"], "p50"),
+            g(&x["back_to_back_start_us"], "p99"),
+            g(x, "back_to_back_added_p50_us"),
+            g(x, "back_to_back_added_p99_us"),
+            g(x, "back_to_back_added_paired_p50_us"),
+        );
+    }
     for n in &SUBSCRIBERS[1..] {
         let x = &gs[format!("subscribers_{n}")];
         println!(
             "{n} subscriber(s): {} holds answered (warm-up included), {:.0} not allowed (timeouts, disconnects); \
-             a hold waited {:.0} us on average in the agent, of which {:.0} us until the subscriber had it \
-             (p50 {:.0}, p99 {:.0})",
+             an answer came {:.0} us after its hold on average, which took {:.0} us to reach the subscriber \
+             (p50 {:.0}, p99 {:.0}); {:.0} held starts waited {:.1} us on average for answers still missing",
             x["holds_answered"],
             g(x, "decisions_not_allow"),
             g(x, "agent_hold_mean_us"),
             g(x, "hold_to_subscriber_mean_us"),
             g(&x["hold_to_subscriber_us"], "p50"),
             g(&x["hold_to_subscriber_us"], "p99"),
+            g(x, "held_starts"),
+            g(x, "start_wait_mean_us"),
         );
     }
     println!(

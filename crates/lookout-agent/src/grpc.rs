@@ -15,12 +15,12 @@ use anyhow::Context;
 use futures::Stream;
 use lookout_api::v1 as pb;
 use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
-use tokio::sync::oneshot;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::hub::{
-    Change, FailurePolicy, Filter, Hub, Live, Refused, Subscription, Verdict, WatchEnd, WatchItem,
+    Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
+    WatchItem,
 };
 
 /// Who may use `Gate` besides root.
@@ -259,7 +259,7 @@ impl Lookout for Service {
             // Holds waiting for this subscriber's decision. Dropped with
             // the stream when the subscriber goes away: each hold then
             // resolves at once by the subscriber's policy.
-            let mut pending: HashMap<u64, oneshot::Sender<Verdict>> = HashMap::new();
+            let mut pending: HashMap<u64, Responder> = HashMap::new();
             // Logs the end however it comes (a killed subscriber's stream
             // is dropped, not ended).
             let _gone = Gone(name.clone());

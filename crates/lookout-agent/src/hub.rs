@@ -187,9 +187,41 @@ pub struct HoldRequest {
     /// Whether its start waits: send the verdict through `respond`.
     /// `None` when it could not be held (reported by the Pod informer
     /// or a scan, or created and started in one step by `runc run`).
-    pub respond: Option<oneshot::Sender<Verdict>>,
+    pub respond: Option<Responder>,
     /// `CLOCK_MONOTONIC` nanoseconds when the hold began.
     pub monotonic_ns: u64,
+}
+
+/// Where a gate subscriber sends its verdict on one hold.
+///
+/// Dropping it unanswered resolves the hold by the subscriber's
+/// [`FailurePolicy`] when the container's start comes.
+#[derive(Debug)]
+pub struct Responder(oneshot::Sender<Answer>);
+
+#[derive(Debug)]
+struct Answer {
+    verdict: Verdict,
+    at: Instant,
+}
+
+impl Responder {
+    /// Sends the verdict. Gives it back when nobody waits for it any more
+    /// (the container was removed, or its start already went on without
+    /// it).
+    pub fn send(self, verdict: Verdict) -> Result<(), Verdict> {
+        self.0
+            .send(Answer {
+                verdict,
+                at: Instant::now(),
+            })
+            .map_err(|a| a.verdict)
+    }
+
+    /// Whether nobody waits for the verdict any more.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
 }
 
 /// A registered gate subscriber's end: the holds it must answer.
@@ -283,6 +315,18 @@ struct State {
     watchers: Vec<Watcher>,
     /// Why a container's start was denied, until its removal is reported.
     denied: HashMap<String, String>,
+    /// Holds opened when a container was created, until its `start`.
+    open: HashMap<String, Vec<OpenHold>>,
+}
+
+/// One subscriber's hold on a created container, opened before the
+/// runtime's `start` asks for it.
+struct OpenHold {
+    subscriber: u64,
+    sub: Subscription,
+    /// `None`: the subscriber's queue was full; its policy decides.
+    answer: Option<oneshot::Receiver<Answer>>,
+    issued: Instant,
 }
 
 /// The hub. See the module docs.
@@ -323,6 +367,7 @@ impl Hub {
                 log: VecDeque::new(),
                 watchers: Vec::new(),
                 denied: HashMap::new(),
+                open: HashMap::new(),
             }),
             gates: Mutex::new(Vec::new()),
             can_hold: AtomicBool::new(config.can_hold),
@@ -455,6 +500,9 @@ impl Hub {
                 } else {
                     s.denied.remove(&id);
                 }
+                // Holds still open (the container went before its start)
+                // are dropped: their subscribers' answers go nowhere.
+                s.open.remove(&id);
                 let added = s.live.remove(&id);
                 Live {
                     container: Arc::new(event.container.clone()),
@@ -497,12 +545,24 @@ impl Hub {
             }
         });
         drop(s);
-        // Containers whose start cannot be held: their subscribers still
-        // hear of them.
         let holdable = self.can_hold.load(Ordering::Relaxed)
             && event.source == Source::RuntimeHook
             && event.container.status == Status::Created;
-        if event.event == EventKind::Added && !holdable {
+        if event.event == EventKind::Added && holdable {
+            // Ask now, while the runtime is between `create` and `start`:
+            // a subscriber that answers before `start` costs the start
+            // nothing. `start` waits for whatever is still unanswered.
+            let mut holds = Vec::new();
+            self.open_holds(&change.live, &[], &mut holds);
+            if !holds.is_empty() {
+                let mut s = lock(&self.state);
+                if s.live.contains_key(&id) {
+                    s.open.insert(id, holds);
+                }
+            }
+        } else if event.event == EventKind::Added {
+            // Containers whose start cannot be held: their subscribers
+            // still hear of them.
             let g = lock(&self.gates);
             for sub in g
                 .iter()
@@ -516,6 +576,49 @@ impl Hub {
                 });
                 self.metrics.hold(&sub.sub.name, "not-held");
             }
+        }
+    }
+
+    /// Hands `live` to every matching gate subscriber that is not in
+    /// `asked`, adding the holds to `out`. Never waits: a full queue
+    /// makes a hold its subscriber's policy decides.
+    fn open_holds(&self, live: &Live, asked: &[u64], out: &mut Vec<OpenHold>) {
+        let g = lock(&self.gates);
+        if g.is_empty() {
+            return;
+        }
+        let monotonic_ns = lookout_model::monotonic_ns();
+        let issued = Instant::now();
+        for s in g
+            .iter()
+            .filter(|s| !asked.contains(&s.id) && s.sub.filter.matches(&live.container))
+        {
+            let hold_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            let sent = s.tx.try_send(HoldRequest {
+                hold_id,
+                live: live.clone(),
+                respond: Some(Responder(tx)),
+                monotonic_ns,
+            });
+            let answer = if sent.is_ok() {
+                self.metrics.hold(&s.sub.name, "held");
+                Some(rx)
+            } else {
+                tracing::warn!(
+                    gate = s.sub.name,
+                    id = live.container.id,
+                    "gate subscriber's queue is full"
+                );
+                self.metrics.hold(&s.sub.name, "queue-full");
+                None
+            };
+            out.push(OpenHold {
+                subscriber: s.id,
+                sub: s.sub.clone(),
+                answer,
+                issued,
+            });
         }
     }
 
@@ -559,53 +662,47 @@ pub struct GateBarrier(pub Arc<Hub>);
 impl StartBarrier for GateBarrier {
     fn wait(&self, id: &str) -> Option<StartWait> {
         let hub = Arc::clone(&self.0);
-        // On every runtime `start`: with no subscriber, no lookup at all.
-        if !hub.can_hold.load(Ordering::Relaxed) || lock(&hub.gates).is_empty() {
+        if !hub.can_hold.load(Ordering::Relaxed) {
             return None;
         }
-        let live = lock(&hub.state).live.get(id).cloned()?;
-        let now = lookout_model::monotonic_ns();
-        // Per matching subscriber: its hold's answer, or (its queue full)
-        // the verdict of its policy at once.
-        let mut waits = Vec::new();
-        {
-            let g = lock(&hub.gates);
-            for s in g.iter().filter(|s| s.sub.filter.matches(&live.container)) {
-                let hold_id = hub.next_id.fetch_add(1, Ordering::Relaxed);
-                let (tx, rx) = oneshot::channel();
-                let sent = s.tx.try_send(HoldRequest {
-                    hold_id,
-                    live: live.clone(),
-                    respond: Some(tx),
-                    monotonic_ns: now,
-                });
-                if sent.is_ok() {
-                    hub.metrics.hold(&s.sub.name, "held");
-                    waits.push((s.sub.clone(), Some(rx)));
-                } else {
-                    tracing::warn!(gate = s.sub.name, id, "gate subscriber's queue is full");
-                    hub.metrics.hold(&s.sub.name, "queue-full");
-                    waits.push((s.sub.clone(), None));
-                }
+        // The holds opened at `create`, and holds for subscribers that
+        // came since. With neither, the start waits for nothing.
+        let (live, mut holds) = {
+            let mut s = lock(&hub.state);
+            let holds = s.open.remove(id).unwrap_or_default();
+            if holds.is_empty() && lock(&hub.gates).is_empty() {
+                return None;
             }
-        }
-        if waits.is_empty() {
+            (s.live.get(id).cloned()?, holds)
+        };
+        let asked: Vec<u64> = holds.iter().map(|h| h.subscriber).collect();
+        hub.open_holds(&live, &asked, &mut holds);
+        if holds.is_empty() {
             return None;
         }
         Some(Box::pin(async move {
             use futures::StreamExt;
             let started = Instant::now();
             let c = Arc::clone(&live.container);
-            let mut decided: futures::stream::FuturesUnordered<_> = waits
+            let mut decided: futures::stream::FuturesUnordered<_> = holds
                 .into_iter()
-                .map(|(sub, rx)| {
+                .map(|h| {
                     let (hub, c) = (Arc::clone(&hub), Arc::clone(&c));
                     async move {
-                        let (verdict, outcome) = match rx {
+                        let sub = h.sub;
+                        // The deadline runs from the hold's issue.
+                        let until = tokio::time::Instant::from_std(h.issued + sub.deadline);
+                        let (verdict, outcome) = match h.answer {
                             None => (hub.failure(&sub, &c, "its queue is full"), "queue-full"),
-                            Some(rx) => match tokio::time::timeout(sub.deadline, rx).await {
-                                Ok(Ok(v @ Verdict::Allow)) => (v, "allow"),
-                                Ok(Ok(v @ Verdict::Deny(_))) => (v, "deny"),
+                            Some(rx) => match tokio::time::timeout_at(until, rx).await {
+                                Ok(Ok(a)) => {
+                                    hub.metrics.answered(&sub.name, a.at - h.issued);
+                                    let outcome = match a.verdict {
+                                        Verdict::Allow => "allow",
+                                        Verdict::Deny(_) => "deny",
+                                    };
+                                    (a.verdict, outcome)
+                                }
                                 Ok(Err(_)) => {
                                     (hub.failure(&sub, &c, "it went away"), "disconnected")
                                 }
@@ -619,21 +716,26 @@ impl StartBarrier for GateBarrier {
                                 ),
                             },
                         };
-                        hub.metrics.decided(&sub.name, outcome, started.elapsed());
+                        hub.metrics.decided(&sub.name, outcome);
                         (sub.name, verdict)
                     }
                 })
                 .collect();
             // The first denial decides; the other holds resolve on their
             // own (their subscribers still get an answer slot).
-            while let Some((name, v)) = decided.next().await {
-                if let Verdict::Deny(reason) = v {
-                    let reason = format!("denied by gate {name}: {reason}");
-                    lock(&hub.state).denied.insert(c.id.clone(), reason.clone());
-                    return StartDecision::Deny(reason);
+            let decision = loop {
+                match decided.next().await {
+                    Some((name, Verdict::Deny(reason))) => {
+                        let reason = format!("denied by gate {name}: {reason}");
+                        lock(&hub.state).denied.insert(c.id.clone(), reason.clone());
+                        break StartDecision::Deny(reason);
+                    }
+                    Some((_, Verdict::Allow)) => {}
+                    None => break StartDecision::Proceed,
                 }
-            }
-            StartDecision::Proceed
+            };
+            hub.metrics.start_waited(started.elapsed());
+            decision
         }))
     }
 }
@@ -704,6 +806,7 @@ pub struct HubMetrics {
     holds: Family<GateLabels, Counter>,
     decisions: Family<GateLabels, Counter>,
     hold_seconds: Family<SubscriberLabels, Histogram>,
+    start_wait_seconds: Histogram,
 }
 
 impl HubMetrics {
@@ -719,6 +822,8 @@ impl HubMetrics {
                 // 100 us .. ~26 s
                 Histogram::new(exponential_buckets(1e-4, 4.0, 10))
             }),
+            // 10 us .. ~10 s
+            start_wait_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 11)),
         };
         registry.register("watchers", "Consumers watching changes", m.watchers.clone());
         registry.register(
@@ -743,8 +848,13 @@ impl HubMetrics {
         );
         registry.register(
             "gate_hold_seconds",
-            "Time a container's start waited for a gate subscriber",
+            "Time from a hold's issue (at the container's create) to its subscriber's answer",
             m.hold_seconds.clone(),
+        );
+        registry.register(
+            "gate_start_wait_seconds",
+            "Time a runtime start waited for the gates' answers still missing when it came",
+            m.start_wait_seconds.clone(),
         );
         m
     }
@@ -758,18 +868,25 @@ impl HubMetrics {
             .inc();
     }
 
-    fn decided(&self, subscriber: &str, outcome: &str, waited: Duration) {
+    fn decided(&self, subscriber: &str, outcome: &str) {
         self.decisions
             .get_or_create(&GateLabels {
                 subscriber: subscriber.to_owned(),
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    fn answered(&self, subscriber: &str, took: Duration) {
         self.hold_seconds
             .get_or_create(&SubscriberLabels {
                 subscriber: subscriber.to_owned(),
             })
-            .observe(waited.as_secs_f64());
+            .observe(took.as_secs_f64());
+    }
+
+    fn start_waited(&self, waited: Duration) {
+        self.start_wait_seconds.observe(waited.as_secs_f64());
     }
 }
 
@@ -994,6 +1111,72 @@ mod tests {
             t.elapsed() < Duration::from_secs(5),
             "at once, not at the deadline"
         );
+    }
+
+    #[tokio::test]
+    async fn holds_open_at_create_so_an_early_answer_costs_the_start_nothing() {
+        let h = hub(100, 100);
+        let barrier = GateBarrier(Arc::clone(&h));
+        let gate = |name: &str, deadline_ms| {
+            h.gate(Subscription {
+                name: name.into(),
+                filter: Filter::default(),
+                deadline: Duration::from_millis(deadline_ms),
+                on_failure: FailurePolicy::Closed,
+            })
+            .expect("gate")
+        };
+        let mut early = gate("early", 5_000);
+        feed(&h, added("c", Status::Created));
+        // The hold arrives at create, before the runtime's start.
+        let hold = early.holds.try_recv().expect("a hold at create");
+        assert_eq!(hold.live.container.id, "c");
+        hold.respond
+            .expect("held")
+            .send(Verdict::Allow)
+            .expect("sent");
+        // A subscriber that came between create and start is asked at
+        // start, and only it: the early one is not asked twice.
+        let mut late = gate("late", 5_000);
+        let wait = barrier.wait("c").expect("the late subscriber holds it");
+        assert!(early.holds.try_recv().is_err(), "asked once");
+        let hold = late.holds.try_recv().expect("a hold at start");
+        hold.respond
+            .expect("held")
+            .send(Verdict::Allow)
+            .expect("sent");
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut wait = wait;
+        assert!(
+            matches!(
+                wait.as_mut().poll(&mut cx),
+                std::task::Poll::Ready(StartDecision::Proceed)
+            ),
+            "both answered before the start: decided on the first poll"
+        );
+        drop(late);
+
+        // The deadline runs from the hold's issue: a start that comes
+        // after it is decided by the policy at once.
+        let _silent = gate("silent", 50);
+        feed(&h, added("d", Status::Created));
+        let hold = early.holds.try_recv().expect("hold for d");
+        hold.respond
+            .expect("held")
+            .send(Verdict::Allow)
+            .expect("sent");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let t = Instant::now();
+        let decision = barrier.wait("d").expect("held").await;
+        assert!(matches!(decision, StartDecision::Deny(r) if r.contains("no answer within")));
+        assert!(t.elapsed() < Duration::from_secs(1), "not a fresh deadline");
+
+        // A container removed before its start drops its holds: the
+        // subscriber's answer goes nowhere.
+        feed(&h, added("e", Status::Created));
+        let hold = early.holds.try_recv().expect("hold for e");
+        feed(&h, removed("e"));
+        assert!(hold.respond.expect("held").send(Verdict::Allow).is_err());
     }
 
     #[tokio::test]

@@ -35,7 +35,7 @@ mod serve;
 pub use embed::{Builder, Discovery};
 pub use hub::{
     Change, FailurePolicy, Filter, GateSubscriber, HoldRequest, Hub, HubConfig, HubMetrics, Live,
-    Refused, Subscription, Verdict, Watch, WatchEnd, WatchItem,
+    Refused, Responder, Subscription, Verdict, Watch, WatchEnd, WatchItem,
 };
 
 /// The BPF object built by `cargo xtask build-ebpf` (empty when the agent

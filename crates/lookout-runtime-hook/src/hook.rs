@@ -77,7 +77,9 @@ pub trait StartBarrier: Send + Sync {
     /// A future that completes when `start` of container `id` may go on
     /// (or must not), or `None` to go on at once. The hook waits at most
     /// [`Config::start_barrier_cap`] (then proceeds), without holding up
-    /// other execs.
+    /// other execs. The hook polls the future once on its own task (a
+    /// barrier that has already decided costs no task), so neither `wait`
+    /// nor a poll may block.
     fn wait(&self, id: &str) -> Option<StartWait>;
 }
 
@@ -644,25 +646,18 @@ impl RuntimeHook {
             Some(barrier) => {
                 let cap = self.config.start_barrier_cap;
                 let pid = self.tracked.get(&id).and_then(|c| c.pid);
+                let mut wait = Box::pin(tokio::time::timeout(cap, barrier));
+                // Decided already (the gates answered between create and
+                // start): answer here, without a task and its wake-up.
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if let std::task::Poll::Ready(decided) =
+                    std::future::Future::poll(wait.as_mut(), &mut cx)
+                {
+                    finish_start(&id, pid, perm, decided.ok(), cap);
+                    return;
+                }
                 tokio::spawn(async move {
-                    match tokio::time::timeout(cap, barrier).await {
-                        Ok(StartDecision::Proceed) => perm.allow(),
-                        Ok(StartDecision::Deny(reason)) => {
-                            perm.deny();
-                            tracing::info!(id, reason, "start denied");
-                            if let Some(pid) = pid {
-                                kill_init(&id, pid);
-                            }
-                        }
-                        Err(_) => {
-                            tracing::warn!(
-                                id,
-                                ?cap,
-                                "start did not wait longer for the container's barrier"
-                            );
-                            perm.allow();
-                        }
-                    }
+                    finish_start(&id, pid, perm, wait.await.ok(), cap);
                 });
             }
             None => perm.allow(),
@@ -1172,5 +1167,34 @@ pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, stat
             .as_ref()
             .map(|p| p.args.clone())
             .unwrap_or_default();
+    }
+}
+
+/// Answers a held `start` with what its barrier decided (`None`: it did
+/// not decide within `cap`).
+fn finish_start(
+    id: &str,
+    pid: Option<u32>,
+    perm: Held,
+    decided: Option<StartDecision>,
+    cap: Duration,
+) {
+    match decided {
+        Some(StartDecision::Proceed) => perm.allow(),
+        Some(StartDecision::Deny(reason)) => {
+            perm.deny();
+            tracing::info!(id, reason, "start denied");
+            if let Some(pid) = pid {
+                kill_init(id, pid);
+            }
+        }
+        None => {
+            tracing::warn!(
+                id,
+                ?cap,
+                "start did not wait longer for the container's barrier"
+            );
+            perm.allow();
+        }
     }
 }
