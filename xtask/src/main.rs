@@ -4,6 +4,7 @@ mod bench;
 mod bench_inode;
 mod build_ebpf;
 mod fuzz;
+mod image;
 mod repeat;
 mod run;
 mod test;
@@ -35,6 +36,9 @@ enum Command {
     /// seconds on its seeds, regressions and earlier finds; writes
     /// target/fuzz/report.json.
     Fuzz(fuzz::Options),
+    /// Build the agent's OCI image archive (target/image/lookout.oci.tar)
+    /// with no registry and no daemon; print its digest.
+    Image(image::Options),
 }
 
 fn main() {
@@ -45,6 +49,7 @@ fn main() {
         Command::Run(o) => run::run(&o),
         Command::Bench(o) => bench::bench(&o),
         Command::Fuzz(o) => fuzz::fuzz(&o),
+        Command::Image(o) => image::image(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

@@ -1,0 +1,471 @@
+//! `cargo xtask image`: the agent's OCI image, built with no registry, no
+//! daemon and no base image.
+//!
+//! The image holds the stripped `lookout` binary (the BPF object embedded),
+//! the glibc libraries it links, as this machine's Debian packages ship
+//! them, and `/etc/passwd` + `/etc/group` with `root` and `nonroot`
+//! (65532). No shell, no package manager. Its layout follows
+//! `deploy/Containerfile`, which stays the reference for CI systems that can
+//! pull base images (docs/deploy.md compares the two).
+//!
+//! Reproducible: the binary is built in its own target directory with its
+//! paths remapped (`--remap-path-prefix`), every file in the layer has the
+//! commit's time, owner 0:0 and a fixed mode, entries are sorted, gzip has
+//! no time stamp, and the JSON documents are written from fixed structures.
+//! `--check` builds the image a second time in another target directory
+//! and fails unless both digests agree.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::util::{cargo, exec, output, say, workspace_root};
+
+/// Where the binary lives in the image.
+pub const BINARY: &str = "usr/local/bin/lookout";
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Also build the image a second time from scratch (another target
+    /// directory) and fail unless the two digests are the same.
+    #[arg(long)]
+    pub check: bool,
+    /// The image name recorded in the archive (`ctr image import` uses it).
+    #[arg(long, default_value = DEFAULT_NAME)]
+    pub name: String,
+}
+
+const DEFAULT_NAME: &str = "ghcr.io/lookout-dev/lookout";
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            check: false,
+            name: DEFAULT_NAME.to_owned(),
+        }
+    }
+}
+
+/// What `cargo xtask image` made.
+#[derive(Debug)]
+pub struct Built {
+    /// `target/image/lookout.oci.tar`.
+    pub archive: PathBuf,
+    /// The manifest's digest (`sha256:...`): the image's identity.
+    pub digest: String,
+    /// Name and tag recorded in the archive.
+    pub reference: String,
+}
+
+pub fn image(opts: &Options) -> anyhow::Result<()> {
+    let built = build(opts, "build")?;
+    println!("{}", built.archive.display());
+    println!("{} {}", built.reference, built.digest);
+    if opts.check {
+        let again = build(opts, "build-check")?;
+        if again.digest != built.digest {
+            bail!(
+                "the image is not reproducible: {} then {} (compare {} and {})",
+                built.digest,
+                again.digest,
+                built.archive.display(),
+                again.archive.display()
+            );
+        }
+        say(
+            "image",
+            &format!(
+                "reproducible: a second build from scratch gave {}",
+                again.digest
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Builds the agent in `target/image/<target_dir>` and the archive from it.
+pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
+    crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
+        toolchain: "nightly".into(),
+    })?;
+    let root = workspace_root();
+    let out = root.join("target/image");
+    let target = out.join(target_dir);
+    std::fs::create_dir_all(&target)?;
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        });
+    // Paths that end up in the binary (panic locations, debug info) are
+    // the same whichever directory it was built in.
+    let rustflags = [
+        format!("--remap-path-prefix={}=/build/target", target.display()),
+        format!("--remap-path-prefix={}=/build/src", root.display()),
+        format!("--remap-path-prefix={}=/cargo", cargo_home.display()),
+    ]
+    .join("\x1f");
+    exec(
+        "image",
+        cargo()
+            .args(["build", "-j2", "--release", "--locked"])
+            .args(["-p", "lookout-agent", "--bin", "lookout"])
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("RUSTFLAGS")
+            .env("CARGO_ENCODED_RUSTFLAGS", rustflags),
+        "read the compiler error above",
+    )?;
+    let binary = target.join("release/lookout");
+
+    // The debug info stays beside the image, linked by name and CRC.
+    let suffix = if target_dir == "build" {
+        String::new()
+    } else {
+        format!("-{target_dir}")
+    };
+    let debug = out.join(format!("lookout{suffix}.debug"));
+    let stripped = out.join(format!("lookout{suffix}.stripped"));
+    exec(
+        "image",
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&binary)
+            .arg(&debug),
+        "install binutils",
+    )?;
+    exec(
+        "image",
+        Command::new("objcopy")
+            .arg("--strip-all")
+            .arg(format!("--add-gnu-debuglink={}", debug.display()))
+            .arg(&binary)
+            .arg(&stripped),
+        "install binutils",
+    )?;
+
+    let epoch = source_date_epoch();
+    let revision = output(
+        Command::new("git")
+            .current_dir(&root)
+            .args(["rev-parse", "HEAD"]),
+    )
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|| "unknown".into());
+    let version = env!("CARGO_PKG_VERSION");
+    let mut files = Files::default();
+    files.file(BINARY, 0o755, std::fs::read(&stripped)?);
+    for lib in shared_libraries(&stripped)? {
+        let bytes = std::fs::read(&lib).with_context(|| format!("reading {}", lib.display()))?;
+        let path = lib.to_str().context("library path is not UTF-8")?;
+        files.file(path.trim_start_matches('/'), 0o755, bytes);
+    }
+    files.file(
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
+            .to_vec(),
+    );
+    files.file(
+        "etc/group",
+        0o644,
+        b"root:x:0:\nnonroot:x:65532:\n".to_vec(),
+    );
+    // Mount points the DaemonSet uses, so that a read-only root needs no
+    // new directory.
+    for dir in [
+        "host",
+        "tmp",
+        "run/lookout",
+        "sys/kernel/tracing",
+        "proc",
+        "dev",
+    ] {
+        files.dir(dir, if dir == "tmp" { 0o1777 } else { 0o755 });
+    }
+    files.dir("home/nonroot", 0o755);
+
+    let reference = format!("{}:{version}", opts.name);
+    let labels = json!({
+        "org.opencontainers.image.title": "lookout",
+        "org.opencontainers.image.description":
+            "Discovers every container on a Kubernetes node before its first instruction",
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": rfc3339(epoch),
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.source": "https://github.com/lookout-dev/lookout",
+        "org.opencontainers.image.ref.name": reference,
+    });
+    let archive_name = if target_dir == "build" {
+        "lookout.oci.tar".to_owned()
+    } else {
+        format!("lookout-{target_dir}.oci.tar")
+    };
+    let archive = out.join(archive_name);
+    let digest = write_archive(&archive, &files, epoch, &reference, labels)?;
+    let size = std::fs::metadata(&archive)?.len();
+    say(
+        "image",
+        &format!(
+            "{} ({:.1} MB, binary {:.1} MB stripped, debug info in {}): {reference} {digest}",
+            archive.display(),
+            size as f64 / 1e6,
+            std::fs::metadata(&stripped)?.len() as f64 / 1e6,
+            debug.display()
+        ),
+    );
+    Ok(Built {
+        archive,
+        digest,
+        reference,
+    })
+}
+
+/// The commit's time, or `$SOURCE_DATE_EPOCH`.
+fn source_date_epoch() -> u64 {
+    if let Some(e) = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return e;
+    }
+    output(
+        Command::new("git")
+            .current_dir(workspace_root())
+            .args(["log", "-1", "--format=%ct"]),
+    )
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+fn rfc3339(epoch: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(epoch))
+        .to_string()
+}
+
+/// The shared libraries `binary` loads, as `ldd` resolves them (absolute
+/// paths, the dynamic loader included).
+fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let text = output(Command::new("ldd").arg(binary))
+        .with_context(|| format!("ldd {} failed", binary.display()))?;
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+        // "/lib64/ld-linux-x86-64.so.2 (0x...)" or "linux-vdso.so.1 (0x...)".
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    if libs.is_empty() {
+        bail!("ldd found no library in {}:\n{text}", binary.display());
+    }
+    libs.sort();
+    libs.dedup();
+    Ok(libs)
+}
+
+/// The layer's contents: path (no leading `/`) to entry, sorted.
+#[derive(Default)]
+pub struct Files(BTreeMap<String, Entry>);
+
+enum Entry {
+    Dir(u32),
+    File(u32, Vec<u8>),
+}
+
+impl Files {
+    /// A file (its parent directories are added, 0755).
+    pub fn file(&mut self, path: &str, mode: u32, bytes: Vec<u8>) {
+        self.parents(path);
+        self.0.insert(path.to_owned(), Entry::File(mode, bytes));
+    }
+
+    /// A directory (and its parents).
+    pub fn dir(&mut self, path: &str, mode: u32) {
+        self.parents(path);
+        self.0.insert(path.to_owned(), Entry::Dir(mode));
+    }
+
+    fn parents(&mut self, path: &str) {
+        let mut p = Path::new(path).parent();
+        while let Some(dir) = p.filter(|d| !d.as_os_str().is_empty()) {
+            let key = dir.to_string_lossy().into_owned();
+            self.0.entry(key).or_insert(Entry::Dir(0o755));
+            p = dir.parent();
+        }
+    }
+}
+
+/// The layer as an uncompressed tar: sorted, owner 0:0, time `epoch`.
+fn layer_tar(files: &Files, epoch: u64) -> anyhow::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.mode(tar::HeaderMode::Deterministic);
+    for (path, entry) in &files.0 {
+        let mut h = tar::Header::new_ustar();
+        h.set_mtime(epoch);
+        h.set_uid(0);
+        h.set_gid(0);
+        match entry {
+            Entry::Dir(mode) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(*mode);
+                h.set_size(0);
+                tar.append_data(&mut h, format!("{path}/"), std::io::empty())?;
+            }
+            Entry::File(mode, bytes) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                h.set_size(bytes.len() as u64);
+                tar.append_data(&mut h, path, bytes.as_slice())?;
+            }
+        }
+    }
+    Ok(tar.into_inner()?)
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    let mut s = String::with_capacity(7 + 64);
+    s.push_str("sha256:");
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Writes the OCI image layout as a tar archive; returns the manifest's
+/// digest.
+pub fn write_archive(
+    archive: &Path,
+    files: &Files,
+    epoch: u64,
+    reference: &str,
+    labels: serde_json::Value,
+) -> anyhow::Result<String> {
+    let layer = layer_tar(files, epoch)?;
+    let diff_id = sha256(&layer);
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::best());
+    gz.write_all(&layer)?;
+    let layer_gz = gz.finish()?;
+    let created = rfc3339(epoch);
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Entrypoint": [format!("/{BINARY}")],
+            "Cmd": ["run"],
+            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
+            "WorkingDir": "/",
+            "Labels": labels,
+        },
+        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+        "history": [{ "created": created, "created_by": "cargo xtask image" }],
+    }))?;
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": sha256(&config),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": sha256(&layer_gz),
+            "size": layer_gz.len(),
+        }],
+        "annotations": { "org.opencontainers.image.created": created },
+    }))?;
+    let digest = sha256(&manifest);
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest,
+            "size": manifest.len(),
+            "annotations": {
+                "io.containerd.image.name": reference,
+                "org.opencontainers.image.ref.name": reference.rsplit_once(':').map_or("latest", |(_, t)| t),
+            },
+        }],
+    }))?;
+
+    let mut blobs = Files::default();
+    blobs.file(
+        "oci-layout",
+        0o644,
+        br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+    );
+    blobs.file("index.json", 0o644, index);
+    for blob in [config, manifest, layer_gz] {
+        let name = format!("blobs/sha256/{}", &sha256(&blob)["sha256:".len()..]);
+        blobs.file(&name, 0o644, blob);
+    }
+    let tmp = archive.with_extension("tar.tmp");
+    std::fs::write(&tmp, layer_tar(&blobs, epoch)?)?;
+    std::fs::rename(&tmp, archive)?;
+    Ok(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(order: &[(&str, &[u8])]) -> Files {
+        let mut f = Files::default();
+        for (p, b) in order {
+            f.file(p, 0o644, b.to_vec());
+        }
+        f
+    }
+
+    #[test]
+    fn the_archive_depends_on_contents_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (dir.path().join("a.tar"), dir.path().join("b.tar"));
+        let labels = || json!({"org.opencontainers.image.version": "1"});
+        let one = write_archive(
+            &a,
+            &files(&[("usr/bin/x", b"x"), ("etc/y", b"y")]),
+            7,
+            "n:1",
+            labels(),
+        )
+        .expect("a");
+        // Another order of insertion: the same bytes.
+        let two = write_archive(
+            &b,
+            &files(&[("etc/y", b"y"), ("usr/bin/x", b"x")]),
+            7,
+            "n:1",
+            labels(),
+        )
+        .expect("b");
+        assert_eq!(one, two);
+        assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+        // And a change of contents is a change of digest.
+        let three = write_archive(
+            &b,
+            &files(&[("etc/y", b"z"), ("usr/bin/x", b"x")]),
+            7,
+            "n:1",
+            labels(),
+        )
+        .expect("c");
+        assert_ne!(one, three);
+    }
+}
