@@ -76,6 +76,7 @@ pub struct Metrics {
     stdout_late: Counter,
     stdout_dropped: Counter,
     recovered: Counter,
+    without_argv: Counter,
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -138,6 +139,14 @@ impl Metrics {
             duplicates.clone(),
         );
         let recovered = Counter::default();
+        let without_argv = Counter::default();
+        registry.register(
+            "runtime_execs_without_argv",
+            "Runtime execs that came without a BPF argv record and were followed through /proc \
+             (every one in fanotify mode; with BPF, a runtime re-exec not recognised or a caller \
+             other than host root)",
+            without_argv.clone(),
+        );
         registry.register(
             "containers_recovered",
             "Containers found only by reconciling the state directories after runtime execs \
@@ -178,6 +187,7 @@ impl Metrics {
             http_refused,
             ignored,
             recovered,
+            without_argv,
             duplicates,
             registry,
             events,
@@ -265,6 +275,10 @@ impl lookout_runtime_hook::Observer for Metrics {
 
     fn recovered(&self) {
         self.recovered.inc();
+    }
+
+    fn without_argv(&self) {
+        self.without_argv.inc();
     }
 
     fn ignored(&self, reason: &'static str) {

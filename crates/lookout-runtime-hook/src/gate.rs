@@ -191,6 +191,10 @@ impl Health {
 pub(crate) struct Shared {
     /// The marked binaries (to recognise a runtime re-executing itself).
     pub marked: RwLock<HashSet<PathBuf>>,
+    /// Their device and inode numbers: in a container with the host at
+    /// `/host`, the marked path is `/host/usr/sbin/runc` while
+    /// `/proc/<tid>/exe` says `/usr/sbin/runc`.
+    pub marked_files: RwLock<HashSet<(u64, u64)>>,
     pub observer: Option<Arc<dyn Observer>>,
     pub deadline: Duration,
     answered: AtomicU64,
@@ -213,6 +217,7 @@ impl Shared {
     pub fn new(observer: Option<Arc<dyn Observer>>, deadline: Duration) -> Shared {
         Shared {
             marked: RwLock::new(HashSet::new()),
+            marked_files: RwLock::new(HashSet::new()),
             observer,
             deadline,
             answered: AtomicU64::new(0),
@@ -311,6 +316,15 @@ impl Shared {
     /// Whether thread `tid` is a runtime re-executing itself (`runc init`
     /// through `/proc/self/exe`): its current image is a marked binary.
     fn is_reexec(&self, tid: u32) -> bool {
+        // The file itself, whatever path this mount namespace gives it.
+        if let Ok(st) = nix::sys::stat::stat(format!("/proc/{tid}/exe").as_str())
+            && self
+                .marked_files
+                .read()
+                .is_ok_and(|m| m.contains(&(st.st_dev, st.st_ino)))
+        {
+            return true;
+        }
         let Ok(exe) = std::fs::read_link(format!("/proc/{tid}/exe")) else {
             return false;
         };
@@ -510,6 +524,9 @@ impl Worker {
     /// from /proc and the runtime's state.
     fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
         self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.shared.observer {
+            o.without_argv();
+        }
         // No argv now: fanotify-only mode, or, with BPF, a caller other
         // than host root (the programs record only root's execs) or an
         // exec path the programs do not see. Allow it, and let the task

@@ -52,6 +52,10 @@ pub trait Observer: Send + Sync {
     fn ignored(&self, reason: &'static str) {
         let _ = reason;
     }
+    /// A runtime exec came without a BPF argv record (fanotify-only mode,
+    /// a caller other than host root, or a runtime re-exec the hook did
+    /// not recognise): it was allowed at once and followed through /proc.
+    fn without_argv(&self) {}
 }
 
 /// What a [`StartBarrier`] decided about a container's start.
@@ -377,12 +381,21 @@ impl RuntimeHook {
         if let Ok(mut m) = self.shared.marked.write() {
             m.insert(path.to_path_buf());
         }
+        let file = nix::sys::stat::stat(path)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino));
+        if let (Some(file), Ok(mut m)) = (file, self.shared.marked_files.write()) {
+            m.insert(file);
+        }
         if let Err(e) = self
             .group
             .add_mark(path, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
         {
             if let Ok(mut m) = self.shared.marked.write() {
                 m.remove(path);
+            }
+            if let (Some(file), Ok(mut m)) = (file, self.shared.marked_files.write()) {
+                m.remove(&file);
             }
             return Err(Error::Fanotify(e));
         }
