@@ -69,6 +69,10 @@ pub fn live_start_time(pid: u32) -> Option<u64> {
 /// pid 1, and in a mount namespace of its own (neither this process's nor
 /// pid 1's, when that is readable). A state file that names a host
 /// process is a spoof or a bug, never a container.
+///
+/// One exception: this process, or one of its ancestors, in this process's
+/// mount namespace. That is the agent's own container (a DaemonSet's pod,
+/// with the host's pids), whose init shares the agent's mount namespace.
 pub fn not_a_container_init(pid: u32) -> Option<String> {
     if pid <= 1 {
         return Some(format!("pid {pid} is the host's init"));
@@ -83,10 +87,37 @@ pub fn not_a_container_init(pid: u32) -> Option<String> {
         use std::os::unix::fs::MetadataExt;
         m.ino()
     });
-    if Some(mnt) == own || Some(mnt) == ns_inode(1, "mnt") {
+    let host = ns_inode(1, "mnt");
+    if Some(mnt) == host || (Some(mnt) == own && !is_self_or_ancestor(pid)) {
         return Some(format!("pid {pid} is in the host's mount namespace"));
     }
     None
+}
+
+/// Whether `pid` is this process or one of its ancestors (as this pid
+/// namespace numbers them).
+fn is_self_or_ancestor(pid: u32) -> bool {
+    let mut p = std::process::id();
+    // A parent chain is short; the bound only guards against a loop.
+    for _ in 0..64 {
+        if p == pid {
+            return true;
+        }
+        if p <= 1 {
+            return false;
+        }
+        let Some(parent) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace().nth(1)?.parse().ok()
+            })
+        else {
+            return false;
+        };
+        p = parent;
+    }
+    false
 }
 
 /// The real uid of `pid` (the first `Uid:` field of its status), as the

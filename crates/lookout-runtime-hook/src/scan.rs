@@ -65,12 +65,14 @@ pub fn scan_state_in(
                 continue;
             }
             if let Some(why) = proc::not_a_container_init(state.pid) {
-                tracing::warn!(
-                    id,
-                    pid = state.pid,
-                    why,
-                    "state file names no container process; skipped"
-                );
+                if first_warning(&id, state.pid) {
+                    tracing::warn!(
+                        id,
+                        pid = state.pid,
+                        why,
+                        "state file names no container process; skipped"
+                    );
+                }
                 continue;
             }
             let config = state.bundle.as_ref().and_then(|b| {
@@ -86,6 +88,20 @@ pub fn scan_state_in(
         }
     }
     found
+}
+
+/// Whether this is the first warning about `id` naming `pid`: a rescan
+/// every few seconds must not repeat it. Bounded: past 4096 entries the
+/// memory is cleared (and each still-bad state warned about once more).
+fn first_warning(id: &str, pid: u32) -> bool {
+    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<(String, u32)>>> =
+        std::sync::Mutex::new(None);
+    let mut g = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    let set = g.get_or_insert_with(Default::default);
+    if set.len() >= 4096 {
+        set.clear();
+    }
+    set.insert((id.to_owned(), pid))
 }
 
 /// The `scan` mode: rescans the state directories every `interval` for new
