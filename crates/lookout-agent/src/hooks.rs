@@ -11,7 +11,7 @@
 //! every hook runs on its own task with its own timeout.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,8 +32,12 @@ pub struct HookSettings {
     /// `--hook-timeout`: each hook's default timeout, and the longest a
     /// runtime's `start` waits for a container's prestart hooks.
     pub timeout: Duration,
-    /// Where the host's root is mounted (bundles are host paths).
+    /// Where the host's root is mounted (bundles and `hook.path`s are
+    /// host paths).
     pub host_root: PathBuf,
+    /// The process whose namespaces hooks enter (`--host-namespaces-pid`);
+    /// 0: hooks stay in the agent's.
+    pub host_namespaces_pid: u32,
 }
 
 impl HookSettings {
@@ -271,7 +275,10 @@ impl<S: Sink> HookSink<S> {
         let d = Arc::new(Dispatcher {
             prestart: named(&settings.prestart),
             poststop: named(&settings.poststop),
-            dirs: Mutex::new(HooksDirs::new(settings.dirs.clone())),
+            dirs: Mutex::new(HooksDirs::with_hook_root(
+                settings.dirs.clone(),
+                settings.host_root.clone(),
+            )),
             barriers: Mutex::new(HashMap::new()),
             settings,
             events,
@@ -500,12 +507,6 @@ impl Dispatcher {
         }
     }
 
-    fn host(&self, p: &Path) -> PathBuf {
-        self.settings
-            .host_root
-            .join(p.strip_prefix("/").unwrap_or(p))
-    }
-
     /// The container's config.json, parsed, if it has a readable one.
     async fn config_of(&self, e: &ContainerEvent) -> Option<serde_json::Value> {
         let b = e.container.bundle.as_ref()?;
@@ -580,14 +581,14 @@ impl Dispatcher {
         };
         let opts = RunOptions {
             default_timeout: self.settings.timeout,
-            cwd: c
-                .bundle
-                .as_ref()
-                .map_or_else(|| PathBuf::from("/"), |b| self.host(b)),
+            // A host path: the hook runs in the host's mount namespace, or
+            // under host_root when it cannot enter it.
+            cwd: c.bundle.clone().unwrap_or_else(|| PathBuf::from("/")),
+            host_root: self.settings.host_root.clone(),
             close_fds: self.close_fds.lock().map(|v| v.clone()).unwrap_or_default(),
             // The host's namespaces: pid 1 of a hostPID pod is the host's
             // init. A no-op when the agent already runs in them.
-            namespaces_of: Some(1),
+            namespaces_of: Some(self.settings.host_namespaces_pid).filter(|p| *p != 0),
             ..RunOptions::default()
         };
         for (name, hook) in hooks {

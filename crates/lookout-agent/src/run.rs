@@ -50,6 +50,17 @@ pub struct RunArgs {
     /// Where the host's root file system is mounted.
     #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
     host_root: PathBuf,
+    /// The host process whose namespaces (mount, network, IPC, UTS) hooks
+    /// run in: the host's init by default (a DaemonSet shares the host's
+    /// pids). Where pid 1 hides its namespaces (some VM inits), name
+    /// another process of the host's.
+    #[arg(
+        long,
+        env = "LOOKOUT_HOST_NAMESPACES_PID",
+        default_value_t = 1,
+        value_name = "PID"
+    )]
+    host_namespaces_pid: u32,
     /// An extra runtime binary to watch (an absolute host path). Repeatable.
     #[arg(long = "runtime-path", value_name = "PATH", value_parser = absolute_path)]
     runtime_paths: Vec<PathBuf>,
@@ -407,6 +418,7 @@ pub(crate) fn run_with(
     control: Control,
 ) -> anyhow::Result<()> {
     raise_nofile_limit();
+    raise_memlock_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -484,6 +496,7 @@ async fn run_async(
         dirs: args.hooks_dirs.clone(),
         timeout: args.hook_timeout,
         host_root: args.host_root.clone(),
+        host_namespaces_pid: args.host_namespaces_pid,
     };
     let events = if args.k8s_events {
         match (kube.client(&args).await, &args.node_name) {
@@ -877,6 +890,43 @@ fn raise_nofile_limit() {
         },
         Ok(_) => {}
         Err(e) => tracing::warn!(%e, "cannot read the open-file limit"),
+    }
+}
+
+/// Lifts the locked-memory limit, which kernels before 5.11 charge BPF
+/// maps to (later ones charge the memory cgroup and ignore it). Raising
+/// the hard limit takes `CAP_SYS_RESOURCE`; without it, BPF maps on such
+/// kernels fail to load and the agent steps down to `fanotify`.
+fn raise_memlock_limit() {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_MEMLOCK) {
+        Ok((soft, hard)) if soft == RLIM_INFINITY && hard == RLIM_INFINITY => {}
+        Ok((soft, hard)) => match setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY)
+        {
+            Ok(()) => tracing::debug!(soft, hard, "lifted the locked-memory limit"),
+            Err(e) if kernel_before(5, 11) => tracing::warn!(
+                %e,
+                soft,
+                hard,
+                "cannot lift the locked-memory limit, which BPF maps need on this kernel \
+                 (grant CAP_SYS_RESOURCE)"
+            ),
+            Err(e) => tracing::debug!(%e, soft, hard, "cannot lift the locked-memory limit"),
+        },
+        Err(e) => tracing::debug!(%e, "cannot read the locked-memory limit"),
+    }
+}
+
+/// Whether the running kernel is older than `major.minor` (unknown: no).
+fn kernel_before(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) < (major, minor),
+        _ => false,
     }
 }
 

@@ -179,6 +179,13 @@ pub const MAX_HOOK_FILE_BYTES: u64 = 1 << 20;
 /// Loads one hook file: a regular file of at most [`MAX_HOOK_FILE_BYTES`],
 /// [parsed](parse_file), whose `hook.path` exists.
 pub fn load_file(path: &Path) -> Result<HookConfig, String> {
+    load_file_under(Path::new("/"), path)
+}
+
+/// [`load_file`] for hooks that run on a host whose `/` is at `hook_root`
+/// here (a DaemonSet with the host at `/host`): `hook.path` is a host path,
+/// checked under `hook_root`.
+pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, String> {
     let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -189,8 +196,9 @@ pub fn load_file(path: &Path) -> Result<HookConfig, String> {
     let text = std::fs::read(path).map_err(|e| e.to_string())?;
     let c = parse_file(&text, path)?;
     let p = c.hook.path();
-    if let Err(e) = std::fs::metadata(p) {
-        return Err(format!("hook.path {}: {e}", p.display()));
+    let here = hook_root.join(p.strip_prefix("/").unwrap_or(p));
+    if let Err(e) = std::fs::metadata(&here) {
+        return Err(format!("hook.path {}: {e}", here.display()));
     }
     Ok(c)
 }
@@ -264,6 +272,12 @@ pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, String> {
 /// the same name in an earlier one; only `*.json` files count; hooks are
 /// ordered by lower-cased file name. A missing directory is no error.
 pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
+    load_dirs_under(Path::new("/"), dirs)
+}
+
+/// [`load_dirs`], with each `hook.path` checked under `hook_root` (see
+/// [`load_file_under`]).
+pub fn load_dirs_under(hook_root: &Path, dirs: &[PathBuf]) -> Loaded {
     let mut by_name: HashMap<String, PathBuf> = HashMap::new();
     let mut errors = Vec::new();
     for dir in dirs {
@@ -293,7 +307,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
     });
     let mut hooks = Vec::new();
     for (_, path) in files {
-        match load_file(&path) {
+        match load_file_under(hook_root, &path) {
             Ok(h) => hooks.push(h),
             Err(reason) => errors.push(LoadError { path, reason }),
         }
@@ -307,6 +321,8 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
 #[derive(Debug, Default)]
 pub struct HooksDirs {
     dirs: Vec<PathBuf>,
+    /// Where `hook.path`s resolve (see [`load_file_under`]); empty: `/`.
+    hook_root: PathBuf,
     fingerprint: Vec<(PathBuf, u64, Option<SystemTime>)>,
     loaded: Loaded,
 }
@@ -314,8 +330,15 @@ pub struct HooksDirs {
 impl HooksDirs {
     /// Watches `dirs` (later ones override earlier ones by file name).
     pub fn new(dirs: Vec<PathBuf>) -> HooksDirs {
+        HooksDirs::with_hook_root(dirs, PathBuf::from("/"))
+    }
+
+    /// Watches `dirs`, whose hooks run on a host whose `/` is at
+    /// `hook_root` here (see [`load_file_under`]).
+    pub fn with_hook_root(dirs: Vec<PathBuf>, hook_root: PathBuf) -> HooksDirs {
         let mut h = HooksDirs {
             dirs,
+            hook_root,
             ..HooksDirs::default()
         };
         h.reload();
@@ -343,7 +366,12 @@ impl HooksDirs {
 
     fn reload(&mut self) {
         self.fingerprint = self.fingerprint();
-        self.loaded = load_dirs(&self.dirs);
+        let root = if self.hook_root.as_os_str().is_empty() {
+            Path::new("/")
+        } else {
+            &self.hook_root
+        };
+        self.loaded = load_dirs_under(root, &self.dirs);
         for e in &self.loaded.errors {
             tracing::warn!(file = %e.path.display(), reason = e.reason, "hook file skipped");
         }

@@ -2,8 +2,9 @@
 //! its whole process group is killed and reaped, bounded output capture.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,8 +19,16 @@ pub struct RunOptions {
     /// The timeout when the hook has none of its own.
     pub default_timeout: Duration,
     /// The working directory (the runtime spec defines none; runc-hook
-    /// style programs expect the bundle).
+    /// style programs expect the bundle), as the hook's mount namespace
+    /// sees it. Entered after the namespaces: `setns` into a mount
+    /// namespace resets the working directory to its root. `/` when it
+    /// is not a directory there.
     pub cwd: PathBuf,
+    /// Where the `/` of the namespaces in [`RunOptions::namespaces_of`] is
+    /// in this process's mount namespace (`/host` in a DaemonSet). When
+    /// the hook cannot enter that mount namespace, its path and `cwd` are
+    /// taken under this root. `/` by default.
+    pub host_root: PathBuf,
     /// Bytes of stdout and of stderr kept; the rest is read and dropped.
     pub output_limit: usize,
     /// File descriptors to close in the child before it execs. N.B. give
@@ -38,6 +47,7 @@ impl Default for RunOptions {
         RunOptions {
             default_timeout: Duration::from_secs(10),
             cwd: PathBuf::from("/"),
+            host_root: PathBuf::from("/"),
             output_limit: 64 * 1024,
             close_fds: Vec::new(),
             namespaces_of: None,
@@ -102,8 +112,11 @@ async fn capture(mut r: impl AsyncRead + Unpin, limit: usize) -> (Vec<u8>, bool)
     (kept, cut)
 }
 
-fn open_namespaces(pid: u32) -> Vec<OwnedFd> {
+/// The namespaces of `pid` that differ from ours and can be entered, and
+/// whether the mount namespace is one of them.
+fn open_namespaces(pid: u32) -> (Vec<OwnedFd>, bool) {
     let mut fds = Vec::new();
+    let mut mnt = false;
     for ns in ["ipc", "uts", "net", "mnt"] {
         let theirs = format!("/proc/{pid}/ns/{ns}");
         let ours = format!("/proc/self/ns/{ns}");
@@ -119,13 +132,16 @@ fn open_namespaces(pid: u32) -> Vec<OwnedFd> {
             }
         }
         match std::fs::File::open(&theirs) {
-            Ok(f) => fds.push(OwnedFd::from(f)),
+            Ok(f) => {
+                mnt |= ns == "mnt";
+                fds.push(OwnedFd::from(f));
+            }
             Err(e) => {
                 tracing::warn!(ns, pid, %e, "cannot enter the namespace; the hook runs in ours");
             }
         }
     }
-    fds
+    (fds, mnt)
 }
 
 /// Runs `hook` with `state` on stdin.
@@ -142,7 +158,26 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         .timeout()
         .filter(|t| *t > 0)
         .map_or(opts.default_timeout, |t| Duration::from_secs(t as u64));
-    let mut cmd = tokio::process::Command::new(&path);
+    let (namespaces, enters_mnt) = match opts.namespaces_of {
+        Some(pid) => open_namespaces(pid),
+        None => (Vec::new(), false),
+    };
+    // Host paths: as they are in the host's mount namespace, under
+    // `host_root` from ours.
+    let here = |p: &Path| opts.host_root.join(p.strip_prefix("/").unwrap_or(p));
+    let program = if enters_mnt {
+        path.clone()
+    } else {
+        here(&path)
+    };
+    let cwd = if enters_mnt {
+        opts.cwd.clone()
+    } else {
+        here(&opts.cwd)
+    };
+    let cwd =
+        std::ffi::CString::new(cwd.into_os_string().into_vec()).unwrap_or_else(|_| c"/".into());
+    let mut cmd = tokio::process::Command::new(&program);
     if let Some((first, rest)) = hook.args().as_deref().and_then(|a| a.split_first()) {
         cmd.arg0(first);
         cmd.args(rest);
@@ -156,25 +191,16 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
             _ => tracing::debug!(entry = kv, "hook env entry without '=' ignored"),
         }
     }
-    let cwd = if opts.cwd.is_dir() {
-        opts.cwd.clone()
-    } else {
-        PathBuf::from("/")
-    };
-    cmd.current_dir(cwd)
-        .stdin(Stdio::piped())
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let namespaces = match opts.namespaces_of {
-        Some(pid) => open_namespaces(pid),
-        None => Vec::new(),
-    };
     let ns_fds: Vec<RawFd> = namespaces.iter().map(AsRawFd::as_raw_fd).collect();
     let close = opts.close_fds.clone();
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe syscalls (close, setns) on plain integers.
+    // only async-signal-safe syscalls (close, setns, chdir) on plain
+    // integers and on a C string allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &close {
@@ -184,6 +210,10 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
                 if libc::setns(*fd, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // After setns: entering a mount namespace moved us to its root.
+            if libc::chdir(cwd.as_ptr()) != 0 {
+                libc::chdir(c"/".as_ptr());
             }
             Ok(())
         });
