@@ -18,6 +18,8 @@ pub const PACKAGES: &[&str] = &[
     // mkfs.ext4 and a loop-mounted file system for the inode-map FUSE tests.
     "e2fsprogs",
     "mount",
+    // objcopy, for the image's stripped binary and its separate debug info.
+    "binutils",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -54,6 +56,8 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
     })?;
+    // The image that tests/image.rs runs as the DaemonSet does.
+    crate::image::build(&crate::image::Options::default(), "build")?;
     if let Some(rounds) = opts.repeat {
         return crate::repeat::repeat(
             rounds,

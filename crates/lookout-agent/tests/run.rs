@@ -4,7 +4,7 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -664,63 +664,6 @@ fn an_impossible_explicit_mode_fails_with_the_reasons() {
         err.contains("--mode fanotify cannot run on this node") && err.contains("EPERM"),
         "{err}"
     );
-}
-
-/// A private containerd (CRI plugin off, its own root, state and socket).
-struct Containerd {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Containerd {
-    fn start(dir: &Path) -> Containerd {
-        let socket = dir.join("containerd.sock");
-        let config = dir.join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-                 [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
-                root = dir.join("root").display(),
-                state = dir.join("state").display(),
-                sock = socket.display()
-            ),
-        )
-        .expect("write config");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("containerd.log")).expect("log"))
-            .spawn()
-            .expect("start containerd");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "containerd did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Containerd { child, socket }
-    }
-
-    fn ctr(&self, args: &[&str]) -> std::process::ExitStatus {
-        Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run ctr")
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

@@ -335,3 +335,61 @@ pub fn read_stamp(path: &Path) -> u64 {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A private containerd (CRI plugin off, its own root, state and socket).
+pub struct Containerd {
+    child: std::process::Child,
+    /// Its gRPC socket (`ctr --address`).
+    pub socket: PathBuf,
+}
+
+impl Containerd {
+    pub fn start(dir: &Path) -> Containerd {
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
+                root = dir.join("root").display(),
+                state = dir.join("state").display(),
+                sock = socket.display()
+            ),
+        )
+        .expect("write config");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).expect("log"))
+            .spawn()
+            .expect("start containerd");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "containerd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Containerd { child, socket }
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> std::process::ExitStatus {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run ctr")
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
