@@ -103,11 +103,12 @@ pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
         });
     // Paths that end up in the binary (panic locations, debug info) are
-    // the same whichever directory it was built in.
+    // the same whichever directory it was built in. rustc applies the last
+    // matching prefix: the target directory (inside the workspace) last.
     let rustflags = [
-        format!("--remap-path-prefix={}=/build/target", target.display()),
         format!("--remap-path-prefix={}=/build/src", root.display()),
         format!("--remap-path-prefix={}=/cargo", cargo_home.display()),
+        format!("--remap-path-prefix={}=/build/target", target.display()),
     ]
     .join("\x1f");
     exec(
@@ -123,14 +124,11 @@ pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
     )?;
     let binary = target.join("release/lookout");
 
-    // The debug info stays beside the image, linked by name and CRC.
-    let suffix = if target_dir == "build" {
-        String::new()
-    } else {
-        format!("-{target_dir}")
-    };
-    let debug = out.join(format!("lookout{suffix}.debug"));
-    let stripped = out.join(format!("lookout{suffix}.stripped"));
+    // The debug info stays beside the image, linked by name and CRC (the
+    // same file name for every build: the link is part of the binary).
+    let beside = if target_dir == "build" { &out } else { &target };
+    let debug = beside.join("lookout.debug");
+    let stripped = beside.join("lookout.stripped");
     exec(
         "image",
         Command::new("objcopy")
