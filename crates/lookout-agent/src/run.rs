@@ -419,6 +419,21 @@ pub(crate) fn run_with(
 ) -> anyhow::Result<()> {
     raise_nofile_limit();
     raise_memlock_limit();
+    // Cgroup paths as the host sees them, not relative to a pod's own
+    // cgroup namespace.
+    match lookout_model::proc::use_host_cgroup_namespace(args.host_namespaces_pid) {
+        Ok(true) => tracing::info!(
+            pid = args.host_namespaces_pid,
+            "cgroup paths are read in the host's cgroup namespace"
+        ),
+        Ok(false) => {}
+        Err(e) => tracing::info!(
+            pid = args.host_namespaces_pid,
+            %e,
+            "cannot read cgroup paths in the host's cgroup namespace; they are relative to ours \
+             where it differs (--host-namespaces-pid)"
+        ),
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -22,10 +22,91 @@ pub fn namespaces(pid: u32) -> Namespaces {
 }
 
 /// The cgroup of `pid`: the cgroup2 (`0::`) path if there is one, else the
-/// first v1 line's path.
+/// first v1 line's path. As the host renders it once
+/// [`use_host_cgroup_namespace`] succeeded; else as this process's cgroup
+/// namespace does.
 pub fn cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let text = HOST_CGROUP_READER
+        .get()
+        .and_then(|r| r.read(pid))
+        .or_else(|| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok())?;
     parse_cgroup(&text)
+}
+
+/// Reads `/proc/<pid>/cgroup` on a thread in the host's cgroup namespace.
+struct HostCgroupReader {
+    requests: std::sync::Mutex<std::sync::mpsc::Sender<(u32, std::sync::mpsc::SyncSender<String>)>>,
+}
+
+static HOST_CGROUP_READER: std::sync::OnceLock<HostCgroupReader> = std::sync::OnceLock::new();
+
+/// How long a cgroup read waits for the reader thread before reading in
+/// this process's namespace instead.
+const HOST_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl HostCgroupReader {
+    fn read(&self, pid: u32) -> Option<String> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.requests.lock().ok()?.send((pid, tx)).ok()?;
+        rx.recv_timeout(HOST_READ_WAIT).ok()
+    }
+}
+
+/// Makes [`cgroup`] read cgroup paths in the cgroup namespace of `pid`
+/// (the host's init, from a pod with `hostPID`), when it is not this
+/// process's. `/proc/<pid>/cgroup` shows paths relative to the *reader's*
+/// cgroup namespace: a pod on a cgroup v2 node has one of its own, where
+/// other containers' cgroups read `/../../kubepods/...`.
+///
+/// Returns `Ok(false)` when this process is already in that namespace.
+/// Entering it takes `CAP_SYS_ADMIN`; one thread of this process lives
+/// there and does nothing but these reads.
+pub fn use_host_cgroup_namespace(pid: u32) -> std::io::Result<bool> {
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/cgroup"))?;
+    if std::fs::read_link("/proc/self/ns/cgroup")? == theirs {
+        return Ok(false);
+    }
+    if HOST_CGROUP_READER.get().is_some() {
+        return Ok(true);
+    }
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/cgroup"))?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let (tx, rx) = std::sync::mpsc::channel::<(u32, std::sync::mpsc::SyncSender<String>)>();
+    std::thread::Builder::new()
+        .name("lookout-cgroupns".into())
+        .spawn(move || {
+            let entered = enter_cgroup_namespace(&ns);
+            let ok = entered.is_ok();
+            let _ = ready_tx.send(entered);
+            if !ok {
+                return;
+            }
+            for (pid, reply) in rx {
+                if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                    let _ = reply.try_send(text);
+                }
+            }
+        })?;
+    ready_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the cgroup namespace thread died"))??;
+    let _ = HOST_CGROUP_READER.set(HostCgroupReader {
+        requests: std::sync::Mutex::new(tx),
+    });
+    Ok(true)
+}
+
+/// `setns(fd, CLONE_NEWCGROUP)` for the calling thread only.
+fn enter_cgroup_namespace(ns: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns takes a file descriptor we own (open for the call's
+    // duration) and a flag; it changes only this thread's cgroup namespace.
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The cgroup path in the text of a `/proc/<pid>/cgroup` file (see [`cgroup`]).
