@@ -74,6 +74,7 @@ pub fn container_pb(l: &Live) -> pb::Container {
             .map(|b| b.to_string_lossy().into_owned())
             .unwrap_or_default(),
         cgroup: c.cgroup.clone().unwrap_or_default(),
+        sandbox: c.sandbox.clone().unwrap_or_default(),
         annotations: c.annotations.clone().into_iter().collect(),
         args: c.args.clone(),
         kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {

@@ -54,6 +54,12 @@ mod tests {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MissedLabels {
+    runtime: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -77,6 +83,7 @@ pub struct Metrics {
     stdout_dropped: Counter,
     recovered: Counter,
     without_argv: Counter,
+    missed: Family<MissedLabels, Counter>,
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -139,6 +146,14 @@ impl Metrics {
             duplicates.clone(),
         );
         let recovered = Counter::default();
+        let missed = Family::<MissedLabels, Counter>::default();
+        registry.register(
+            "missed_containers",
+            "Containers a runtime made that lookout could not report, by runtime and reason \
+             (unreadable-state, state-timeout, not-a-container-process); each is also a warning \
+             in the log",
+            missed.clone(),
+        );
         let without_argv = Counter::default();
         registry.register(
             "runtime_execs_without_argv",
@@ -188,6 +203,7 @@ impl Metrics {
             ignored,
             recovered,
             without_argv,
+            missed,
             duplicates,
             registry,
             events,
@@ -279,6 +295,15 @@ impl lookout_runtime_hook::Observer for Metrics {
 
     fn without_argv(&self) {
         self.without_argv.inc();
+    }
+
+    fn missed(&self, runtime: &str, reason: &'static str) {
+        self.missed
+            .get_or_create(&MissedLabels {
+                runtime: runtime.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     fn ignored(&self, reason: &'static str) {

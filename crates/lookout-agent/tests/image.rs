@@ -602,7 +602,11 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     assert_eq!(added["source"], "runtime-hook", "{added}");
     // As the host sees it, not relative to the agent's cgroup namespace.
     assert!(!host_cgroup.starts_with("/.."), "{host_cgroup}");
-    assert_eq!(c["cgroup"], host_cgroup.as_str(), "a host cgroup path: {added}");
+    assert_eq!(
+        c["cgroup"],
+        host_cgroup.as_str(),
+        "a host cgroup path: {added}"
+    );
     // The hook ran in the host's mount namespace, in the bundle.
     let host_mnt = std::fs::read_link("/proc/self/ns/mnt").expect("our mnt ns");
     let recorded = std::fs::read_to_string(&hook_out).expect("the prestart hook ran");

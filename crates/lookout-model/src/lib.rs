@@ -189,6 +189,12 @@ pub struct Container {
     pub hostname: Option<String>,
     /// The runtime's state directory root (`--root`), if known.
     pub runtime_root: Option<PathBuf>,
+    /// The sandbox that isolates the container from the host's kernel:
+    /// `gvisor` for runsc. Absent for runtimes whose containers run on the
+    /// host's kernel (runc, crun, youki). For a sandboxed container, `pid`
+    /// is the sandbox's host process: its own processes have no host pid.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub sandbox: Option<String>,
     /// Kubernetes identity (pod, container name, labels), when known: from
     /// the CRI annotations in config.json or from the Pod informer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -278,6 +284,7 @@ impl Container {
             hostname: None,
             runtime_root: None,
             kubernetes: None,
+            sandbox: None,
         }
     }
 }

@@ -270,6 +270,13 @@ impl Shared {
         self.error("argv-unread");
     }
 
+    /// Counts a container a runtime made and lookout could not report.
+    pub fn missed(&self, runtime: &lookout_model::RuntimeKind, reason: &'static str) {
+        if let Some(o) = &self.observer {
+            o.missed(runtime.as_str(), reason);
+        }
+    }
+
     /// Counts a runtime exec that is not followed, for `reason`.
     pub fn ignored(&self, reason: &'static str) {
         self.ignored.fetch_add(1, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::gate::{Exec, Gate, Held, Shared, Unseen};
 use crate::oci::OciConfig;
-use crate::state::{default_root, read_pid_file_under, read_state_under};
+use crate::state::{default_root, leaves_trace, read_pid_file_under, read_state_under};
 use crate::{Error, pidfd, proc};
 
 /// Finds the runtime binaries again (for binaries installed after start).
@@ -51,6 +51,14 @@ pub trait Observer: Send + Sync {
     /// (`non-root`: its caller is not host root).
     fn ignored(&self, reason: &'static str) {
         let _ = reason;
+    }
+    /// A runtime exec that should have made a container did not yield one
+    /// lookout can report, for `reason` (`unreadable-state`: the runtime
+    /// left state that cannot be read or parsed, in a layout this version
+    /// may not know; `state-timeout`; `not-a-container-process`). Logged at
+    /// warn level too.
+    fn missed(&self, runtime: &str, reason: &'static str) {
+        let _ = (runtime, reason);
     }
     /// A runtime exec came without a BPF argv record (fanotify-only mode,
     /// a caller other than host root, or a runtime re-exec the hook did
@@ -967,7 +975,9 @@ impl RuntimeHook {
         };
         if let Some(why) = refused {
             self.shared.error("state");
+            self.shared.missed(&p.runtime, "not-a-container-process");
             tracing::warn!(
+                runtime = %p.runtime,
                 id,
                 pid,
                 why,
@@ -1008,13 +1018,19 @@ impl RuntimeHook {
         let host_root = self.config.host_root.clone();
         let (runtime, root, pid_file) = (p.runtime.clone(), p.root.clone(), p.pid_file.clone());
         let owned_id = id.to_owned();
+        let kind = runtime.clone();
         let read = move || match read_state_under(&host_root, &runtime, &root, &owned_id) {
             Ok(s) => Ok(s.pid),
-            Err(e) => match pid_file.map(|f| read_pid_file_under(&host_root, &f)) {
-                Some(Ok(pid)) => Ok(pid),
-                Some(Err(pe)) => Err(format!("no state ({e}) and no pid file ({pe})")),
-                None => Err(format!("no state ({e})")),
-            },
+            Err(e) => {
+                let why = match pid_file.map(|f| read_pid_file_under(&host_root, &f)) {
+                    Some(Ok(pid)) => return Ok(pid),
+                    Some(Err(pe)) => format!("no state ({e}) and no pid file ({pe})"),
+                    None => format!("no state ({e})"),
+                };
+                // Something of the container is there: not a failed
+                // create, but state this version cannot read.
+                Err((why, leaves_trace(&host_root, &root, &owned_id)))
+            }
         };
         let (deadline, shared, id) = (
             self.config.answer_deadline,
@@ -1024,13 +1040,29 @@ impl RuntimeHook {
         async move {
             match crate::oci::bounded_async(deadline, read).await {
                 Ok(Ok(pid)) => Some(pid),
-                Ok(Err(why)) => {
+                Ok(Err((why, false))) => {
                     tracing::debug!(id, why, "no pid: the create failed");
+                    None
+                }
+                Ok(Err((why, true))) => {
+                    shared.missed(&kind, "unreadable-state");
+                    tracing::warn!(
+                        runtime = %kind,
+                        id,
+                        why,
+                        "the runtime made a container whose state cannot be read; not reported"
+                    );
                     None
                 }
                 Err(why) => {
                     shared.error("state");
-                    tracing::warn!(id, why, "cannot read the container's state or pid file");
+                    shared.missed(&kind, "state-timeout");
+                    tracing::warn!(
+                        runtime = %kind,
+                        id,
+                        why,
+                        "cannot read the container's state or pid file; not reported"
+                    );
                     None
                 }
             }
@@ -1169,6 +1201,9 @@ async fn follow_exec(u: Unseen) -> Notice {
 pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
     c.pid = Some(pid);
     c.status = status;
+    if c.runtime == RuntimeKind::Runsc {
+        c.sandbox = Some("gvisor".into());
+    }
     c.namespaces = proc::namespaces(pid);
     c.cgroup = proc::cgroup(pid);
     if let Some(cfg) = config {

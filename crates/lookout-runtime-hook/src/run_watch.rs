@@ -50,15 +50,20 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
     let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok();
     let dir = root.join(id);
     let state = state_file(runtime, root, id);
+    // runsc keeps one file per container in the root itself, named after
+    // the sandbox too: watch the root for it, and look it up by listing.
+    let runsc = *runtime == RuntimeKind::Runsc;
+    let mut root_mask = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR;
+    if runsc {
+        root_mask |= AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO;
+    }
     let mut root_watched = false;
     let mut dir_watched = false;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(ino) = &ino {
             if !root_watched {
-                root_watched = ino
-                    .add_watch(root, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR)
-                    .is_ok();
+                root_watched = ino.add_watch(root, root_mask).is_ok();
             }
             if !dir_watched && dir.is_dir() {
                 let mask = AddWatchFlags::IN_MOVED_TO
@@ -68,7 +73,7 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
             }
         }
         // Check after arming the watches: nothing written before is missed.
-        if state.exists()
+        if (runsc || state.exists())
             && let Ok(s) = read_state(runtime, root, id)
         {
             return Some(Observed {

@@ -46,8 +46,18 @@ pub fn scan_state_in(
             continue;
         };
         for e in entries.flatten() {
-            let Some(id) = e.file_name().to_str().map(str::to_owned) else {
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
                 continue;
+            };
+            // runsc: one `<id>_sandbox:<sandbox id>.state` file per
+            // container; the others: one directory per container.
+            let id = if runtime == RuntimeKind::Runsc {
+                match crate::state::runsc_container_of(&name) {
+                    Some(id) => id.to_owned(),
+                    None => continue,
+                }
+            } else {
+                name
             };
             if !argv::valid_container_id(&id) || known(&id) {
                 continue;

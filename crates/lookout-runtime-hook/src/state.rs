@@ -1,5 +1,11 @@
-//! Runtime state directories: where runc and crun keep what they know about
-//! a container (`<root>/<id>/state.json`, `<root>/<id>/status`).
+//! Runtime state directories: where runtimes keep what they know about a
+//! container.
+//!
+//! | runtime | file | versions read |
+//! |---|---|---|
+//! | runc, youki | `<root>/<id>/state.json`: `id`, `init_process_pid`, `init_process_start`, `config.labels` (`bundle=`) | runc 1.1 |
+//! | crun | `<root>/<id>/status`: `pid`, `process-start-time`, `bundle` | crun 1.8 |
+//! | runsc (gVisor) | `<root>/<id>_sandbox:<sandbox id>.state`: `id`, `bundleDir`, `sandbox.pid` (the sandbox's host process) | 20221219 (Debian 12), 20240729 (Debian 13): the same fields; `tests/fixtures/runsc-*.state` are real ones |
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +21,9 @@ const MAX_STATE_BYTES: u64 = 4 * 1024 * 1024;
 pub fn default_root(runtime: &RuntimeKind) -> PathBuf {
     PathBuf::from(match runtime {
         RuntimeKind::Crun => "/run/crun",
-        RuntimeKind::Runsc => "/var/run/runsc",
+        // runsc's default is /var/run/runsc; /var/run is a symlink to /run
+        // on every distribution lookout supports.
+        RuntimeKind::Runsc => "/run/runsc",
         RuntimeKind::Youki => "/run/youki",
         _ => "/run/runc",
     })
@@ -32,10 +40,18 @@ pub fn scan_roots(host_root: &Path) -> Vec<(RuntimeKind, PathBuf)> {
             PathBuf::from("/run/docker/runtime-runc/moby"),
         ),
         (RuntimeKind::Youki, PathBuf::from("/run/youki")),
+        (RuntimeKind::Runsc, PathBuf::from("/run/runsc")),
     ];
-    for base in ["/run/containerd/runc", "/run/containerd/crun"] {
+    // containerd's shims use one root per containerd namespace.
+    for base in [
+        "/run/containerd/runc",
+        "/run/containerd/crun",
+        "/run/containerd/runsc",
+    ] {
         let kind = if base.ends_with("crun") {
             RuntimeKind::Crun
+        } else if base.ends_with("runsc") {
+            RuntimeKind::Runsc
         } else {
             RuntimeKind::Runc
         };
@@ -64,6 +80,19 @@ pub struct ContainerState {
 }
 
 #[derive(Deserialize)]
+struct RunscState {
+    id: String,
+    #[serde(default, rename = "bundleDir")]
+    bundle_dir: Option<PathBuf>,
+    sandbox: RunscSandbox,
+}
+
+#[derive(Deserialize)]
+struct RunscSandbox {
+    pid: u32,
+}
+
+#[derive(Deserialize)]
 struct RuncState {
     id: String,
     init_process_pid: u32,
@@ -89,11 +118,58 @@ struct CrunStatus {
 }
 
 /// The state file of `id` under `root` (a path this process can open).
+/// For runsc, whose file name also holds the sandbox's id, the pattern
+/// `<id>_sandbox:*.state` (see [`runsc_state_name`]).
 pub fn state_file(runtime: &RuntimeKind, root: &Path, id: &str) -> PathBuf {
     match runtime {
         RuntimeKind::Crun => root.join(id).join("status"),
+        RuntimeKind::Runsc => root.join(format!("{id}_sandbox:*.state")),
         _ => root.join(id).join("state.json"),
     }
+}
+
+/// Among the names of a runsc root's entries, the state file of container
+/// `id`: `<id>_sandbox:<sandbox id>.state`.
+pub fn runsc_state_name<'a>(id: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    names.into_iter().find(|n| {
+        n.strip_suffix(".state")
+            .and_then(|n| n.split_once("_sandbox:"))
+            .is_some_and(|(c, sandbox)| c == id && !sandbox.is_empty())
+    })
+}
+
+/// The container id in a runsc state file's name, if it is one.
+pub fn runsc_container_of(name: &str) -> Option<&str> {
+    let (c, sandbox) = name.strip_suffix(".state")?.split_once("_sandbox:")?;
+    (!c.is_empty() && !sandbox.is_empty()).then_some(c)
+}
+
+/// Whether the runtime root `root` holds anything of container `id` (its
+/// directory, or a runsc file named after it): a create that made
+/// something, as opposed to one that failed before it did.
+pub fn leaves_trace(host_root: &Path, root: &Path, id: &str) -> bool {
+    let prefix = format!("{id}_sandbox:");
+    root_entries(host_root, root)
+        .is_ok_and(|names| names.iter().any(|n| n == id || n.starts_with(&prefix)))
+}
+
+/// Entries of a runtime root read at most when looking for one state file.
+const MAX_ROOT_ENTRIES: usize = 65_536;
+
+/// The names in the runtime root `root` (a host path under `host_root`),
+/// resolved as [`crate::untrusted`] resolves paths; at most
+/// [`MAX_ROOT_ENTRIES`].
+pub fn root_entries(host_root: &Path, root: &Path) -> Result<Vec<String>, String> {
+    use std::os::fd::AsRawFd;
+    let dir = crate::untrusted::open_dir(host_root, root)?;
+    // An O_PATH handle cannot be listed; its /proc link reopens it.
+    let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .map_err(|e| e.to_string())?;
+    Ok(listing
+        .take(MAX_ROOT_ENTRIES)
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect())
 }
 
 /// Reads the state of `id` (`root`: a path this process can open).
@@ -111,7 +187,19 @@ pub fn read_state_under(
     root: &Path,
     id: &str,
 ) -> Result<ContainerState, Error> {
-    let path = state_file(runtime, root, id);
+    let mut path = state_file(runtime, root, id);
+    if *runtime == RuntimeKind::Runsc {
+        let names = root_entries(host_root, root).map_err(|reason| Error::State {
+            path: path.clone(),
+            reason,
+        })?;
+        let name =
+            runsc_state_name(id, names.iter().map(String::as_str)).ok_or_else(|| Error::State {
+                path: path.clone(),
+                reason: "no such file".into(),
+            })?;
+        path = root.join(name);
+    }
     let bytes =
         crate::untrusted::read(host_root, &path, STATE_POLICY).map_err(|reason| Error::State {
             path: path.clone(),
@@ -140,6 +228,24 @@ pub fn parse_state(
     bytes: &[u8],
 ) -> Result<ContainerState, String> {
     match runtime {
+        RuntimeKind::Runsc => {
+            let s: RunscState =
+                serde_json::from_slice(bytes).map_err(|e| format!("invalid runsc state: {e}"))?;
+            if s.sandbox.pid == 0 {
+                return Err("pid 0".into());
+            }
+            if s.id != id {
+                return Err(format!("state is for container {:?}", s.id));
+            }
+            Ok(ContainerState {
+                id: s.id,
+                // The sandbox's host process: the container's own processes
+                // run inside gVisor's kernel, with no host pid of their own.
+                pid: s.sandbox.pid,
+                start_time: None,
+                bundle: s.bundle_dir,
+            })
+        }
         RuntimeKind::Crun => {
             let s: CrunStatus =
                 serde_json::from_slice(bytes).map_err(|e| format!("invalid crun status: {e}"))?;
@@ -230,6 +336,36 @@ mod tests {
         let st = parse_state(&RuntimeKind::Crun, "c2", s).expect("valid");
         assert_eq!((st.pid, st.start_time), (9, Some(5)));
         assert!(parse_state(&RuntimeKind::Crun, "c2", b"{\"pid\":0}").is_err());
+    }
+
+    #[test]
+    fn parses_runsc_state_of_both_debian_releases() {
+        for (file, bundle) in [
+            ("runsc-20221219.state", "/tmp/rsb"),
+            ("runsc-20240729.state", "/tmp/rsb"),
+        ] {
+            let bytes = std::fs::read(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures")
+                    .join(file),
+            )
+            .expect("fixture");
+            let s = parse_state(&RuntimeKind::Runsc, "fixture-c", &bytes).expect(file);
+            assert!(s.pid > 1, "{file}: the sandbox's pid");
+            assert_eq!(s.bundle.as_deref(), Some(Path::new(bundle)), "{file}");
+            assert!(parse_state(&RuntimeKind::Runsc, "other", &bytes).is_err());
+        }
+        let names = [
+            "x.lock",
+            "c1_sandbox:c1.lock",
+            "c1_sandbox:c1.state",
+            "runsc-c1.sock",
+        ];
+        assert_eq!(runsc_state_name("c1", names), Some("c1_sandbox:c1.state"));
+        assert_eq!(runsc_state_name("c", names), None);
+        assert_eq!(runsc_container_of("web_sandbox:pod.state"), Some("web"));
+        assert_eq!(runsc_container_of("_sandbox:pod.state"), None);
+        assert_eq!(runsc_container_of("web_sandbox:pod.lock"), None);
     }
 
     #[test]
