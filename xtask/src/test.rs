@@ -20,6 +20,8 @@ pub const PACKAGES: &[&str] = &[
     "mount",
     // objcopy, for the image's stripped binary and its separate debug info.
     "binutils",
+    // gVisor (release 20221219); Debian 13's release is fetched beside it.
+    "runsc",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -58,6 +60,9 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     })?;
     // The image that tests/image.rs runs as the DaemonSet does.
     crate::image::build(&crate::image::Options::default(), "build")?;
+    if root && !opts.no_install {
+        fetch_next_debian_runsc()?;
+    }
     if let Some(rounds) = opts.repeat {
         return crate::repeat::repeat(
             rounds,
@@ -103,5 +108,80 @@ fn install_packages() -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
         "install the packages above by hand and rerun",
+    )
+}
+
+/// Where Debian 13's runsc is extracted (tests/runsc.rs runs both
+/// releases); `$LOOKOUT_RUNSC_NEXT` in the tests.
+pub fn next_runsc_dir() -> std::path::PathBuf {
+    crate::build_ebpf::cache_dir().join("runsc-trixie")
+}
+
+/// Fetches Debian 13's runsc package from the mirror this machine already
+/// uses, without adding the release to its sources, and extracts it
+/// (cached): `<cache>/runsc-trixie/root/usr/bin/runsc`.
+fn fetch_next_debian_runsc() -> anyhow::Result<()> {
+    let w = next_runsc_dir();
+    if w.join("root/usr/bin/runsc").is_file() {
+        return Ok(());
+    }
+    say("test", "fetching Debian 13's runsc (for the gVisor tests)");
+    let lists = w.join("apt/lists/partial");
+    std::fs::create_dir_all(&lists)?;
+    let sources =
+        std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    let mirror = sources
+        .lines()
+        .find_map(|l| l.strip_prefix("URIs:"))
+        .map(str::trim)
+        .unwrap_or("http://deb.debian.org/debian")
+        .to_owned();
+    std::fs::write(
+        w.join("apt/sources.list"),
+        format!("deb {mirror} trixie main\n"),
+    )?;
+    let opts = |c: &mut Command| {
+        c.arg(format!(
+            "-o=Dir::Etc::sourcelist={}",
+            w.join("apt/sources.list").display()
+        ))
+        .arg("-o=Dir::Etc::sourceparts=-")
+        .arg(format!(
+            "-o=Dir::State::lists={}",
+            w.join("apt/lists").display()
+        ))
+        .arg("-o=APT::Get::List-Cleanup=0")
+        .arg("-o=APT::Sandbox::User=root");
+    };
+    let mut update = Command::new("apt-get");
+    opts(&mut update);
+    update.args(["update", "-q"]);
+    exec(
+        "runsc (Debian 13)",
+        &mut update,
+        "check the network access to Debian's mirrors",
+    )?;
+    let mut download = Command::new("apt-get");
+    opts(&mut download);
+    download
+        .current_dir(w.join("apt"))
+        .args(["download", "-q", "runsc"]);
+    exec(
+        "runsc (Debian 13)",
+        &mut download,
+        "check the network access to Debian's mirrors",
+    )?;
+    let deb = std::fs::read_dir(w.join("apt"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| anyhow::anyhow!("apt-get download runsc left no .deb"))?;
+    exec(
+        "runsc (Debian 13)",
+        Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&deb)
+            .arg(w.join("root")),
+        "install dpkg",
     )
 }

@@ -25,9 +25,17 @@ struct Runsc {
 }
 
 impl Runsc {
+    /// Debian 12's (the system's) runsc.
     fn new(root: &Path) -> Runsc {
+        Runsc::of(
+            &lookout_testsupport::find_program("runsc").expect("runsc"),
+            root,
+        )
+    }
+
+    fn of(binary: &Path, root: &Path) -> Runsc {
         Runsc {
-            rt: Runtime::copy("runsc"),
+            rt: Runtime::copy_of(binary),
             root: root.to_path_buf(),
         }
     }
@@ -74,8 +82,32 @@ fn runsc_containers_are_reported_with_their_sandbox() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path();
-    let runsc = Runsc::new(&d.join("root"));
+    containers_are_reported(Runsc::new(&dir.path().join("root")), dir.path());
+}
+
+#[test]
+fn runsc_of_debian_13_containers_are_reported_with_their_sandbox() {
+    if !ready("runsc_next") {
+        return;
+    }
+    let binary = lookout_testsupport::runsc_next();
+    if !binary.is_file() {
+        lookout_testsupport::skip(
+            "runsc_next",
+            &format!(
+                "{} is missing (`sudo -E cargo xtask test` fetches it)",
+                binary.display()
+            ),
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    containers_are_reported(Runsc::of(&binary, &dir.path().join("root")), dir.path());
+}
+
+/// create + start, `run -detach` and a container that exits at once, each
+/// reported once with its sandbox, and removed.
+fn containers_are_reported(runsc: Runsc, d: &Path) {
     let agent = Agent::start(&runsc.rt, &[]);
     let sleeper = bundle::busybox(&d.join("sleep"), &["sleep", "1"], |_| {});
     let quick = bundle::busybox(&d.join("true"), &["true"], |_| {});

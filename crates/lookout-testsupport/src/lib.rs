@@ -50,6 +50,26 @@ pub fn require_program(test: &str, program: &str) -> bool {
     found
 }
 
+/// Debian 13's runsc (release 20240729), which `cargo xtask test` fetches
+/// from Debian's archive and extracts beside the system's (Debian 12's):
+/// `$LOOKOUT_RUNSC_NEXT`, else `<cache>/runsc-trixie/root/usr/bin/runsc`,
+/// the cache being `$LOOKOUT_CACHE_DIR`, `$XDG_CACHE_HOME/lookout` or
+/// `~/.cache/lookout`, as xtask's.
+pub fn runsc_next() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    if let Some(p) = std::env::var_os("LOOKOUT_RUNSC_NEXT") {
+        return p.into();
+    }
+    let cache = std::env::var_os("LOOKOUT_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("lookout")))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/lookout")
+        });
+    cache.join("runsc-trixie/root/usr/bin/runsc")
+}
+
 /// Where `program` is in `PATH`, if anywhere.
 pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;

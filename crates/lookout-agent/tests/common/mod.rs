@@ -256,9 +256,15 @@ impl Runtime {
 
     /// A private copy of `name`, found in PATH.
     pub fn copy(name: &str) -> Runtime {
-        let dir = tempfile::tempdir().expect("tempdir");
         let original = lookout_testsupport::find_program(name)
             .unwrap_or_else(|| panic!("{name} is not installed"));
+        Runtime::copy_of(&original)
+    }
+
+    /// A private copy of the runtime binary `original`, with its name.
+    pub fn copy_of(original: &Path) -> Runtime {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let name = original.file_name().expect("a file name");
         let path = dir.path().join(name);
         std::fs::copy(&original, &path)
             .unwrap_or_else(|e| panic!("copy {} to {}: {e}", original.display(), path.display()));
