@@ -207,40 +207,6 @@ fn kind_of(mode: u32) -> FileType {
     }
 }
 
-/// The file handle of `name` in `dir` (of `dir` itself when `name` is
-/// empty), without following a symlink: a symlink's own handle.
-fn file_handle(dir: BorrowedFd<'_>, name: &CStr) -> Option<Vec<u8>> {
-    const MAX_HANDLE_SZ: usize = 128;
-    // struct file_handle { u32 handle_bytes; i32 handle_type; u8 f_handle[]; }
-    let mut buf = vec![0u8; 8 + MAX_HANDLE_SZ];
-    buf[..4].copy_from_slice(&(MAX_HANDLE_SZ as u32).to_ne_bytes());
-    let mut mount_id: libc::c_int = 0;
-    let flags = if name.is_empty() {
-        libc::AT_EMPTY_PATH
-    } else {
-        0
-    };
-    // SAFETY: `buf` is a file_handle with room for MAX_HANDLE_SZ bytes;
-    // `dir` is an open fd, `name` is NUL-terminated, mount_id is a valid
-    // out-pointer.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_name_to_handle_at,
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr(),
-            &mut mount_id,
-            flags,
-        )
-    };
-    if rc != 0 {
-        return None;
-    }
-    let n = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    buf.truncate(8 + n.min(MAX_HANDLE_SZ));
-    Some(buf)
-}
-
 /// A host file the kernel holds a reference to.
 struct Node {
     /// The host file (its identity when looked up).
@@ -332,7 +298,7 @@ fn map_file(
     let key = s.key();
     ensure_dev(st, key.dev, dir, name)?;
     let handle = match st.map.mode() {
-        Mode::Hashed => file_handle(dir, name),
+        Mode::Hashed => lookout_inode_map::file_handle_at(dir, name),
         _ => None,
     };
     st.map.map(key, s.stamp(), handle.as_deref()).map_err(|e| {

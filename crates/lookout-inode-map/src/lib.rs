@@ -44,10 +44,12 @@
 #![deny(missing_docs)]
 
 mod device;
+mod handle;
 mod map;
 mod snapshot;
 
 pub use device::{DeviceIdentity, DeviceSlot, Devices, VIRTUAL_MAJOR, probe_device};
+pub use handle::file_handle_at;
 pub use map::{
     FALLBACK_BASE, FileKey, InodeMap, IntHasher, Limits, Mapped, Mode, Overflow, Stamp, Stats,
 };

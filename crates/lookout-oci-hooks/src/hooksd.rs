@@ -542,6 +542,33 @@ mod tests {
     }
 
     #[test]
+    fn hook_paths_are_checked_where_the_hook_runs() {
+        // A DaemonSet: the host at `root`, the hook at a host path.
+        let root = tempfile::tempdir().expect("root");
+        std::fs::create_dir_all(root.path().join("opt/lk-test-hooks")).expect("dirs");
+        std::fs::write(root.path().join("opt/lk-test-hooks/trace"), "").expect("hook");
+        let dir = tempfile::tempdir().expect("hooks.d");
+        let file = dir.path().join("10-trace.json");
+        std::fs::write(
+            &file,
+            r#"{"version":"1.0.0","hook":{"path":"/opt/lk-test-hooks/trace"},"when":{"always":true},"stages":["prestart"]}"#,
+        )
+        .expect("write");
+        assert!(
+            load_file(&file).is_err_and(|e| e.contains("/opt/lk-test-hooks/trace")),
+            "not here"
+        );
+        let h = load_file_under(root.path(), &file).expect("under the host root");
+        assert_eq!(
+            h.hook.path(),
+            Path::new("/opt/lk-test-hooks/trace"),
+            "kept a host path"
+        );
+        let dirs = HooksDirs::with_hook_root(vec![dir.path().to_path_buf()], root.path().into());
+        assert_eq!(dirs.loaded.hooks.len(), 1);
+    }
+
+    #[test]
     fn directories_reload_when_a_file_changes() {
         let d = tempfile::tempdir().expect("tempdir");
         let mut dirs = HooksDirs::new(vec![d.path().to_path_buf()]);

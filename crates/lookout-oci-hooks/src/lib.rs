@@ -42,7 +42,7 @@ mod state;
 
 pub use hooksd::{
     HookConfig, HooksDirs, LoadError, Loaded, MAX_HOOK_FILE_BYTES, Stage, Target, When, load_dirs,
-    load_file, parse_file,
+    load_dirs_under, load_file, load_file_under, parse_file,
 };
 pub use oci_spec;
 pub use run::{Outcome, RunOptions, run_hook};

@@ -158,7 +158,7 @@ const MAX_ROOT_ENTRIES: usize = 65_536;
 
 /// The names in the runtime root `root` (a host path under `host_root`),
 /// resolved as [`crate::untrusted`] resolves paths; at most
-/// [`MAX_ROOT_ENTRIES`].
+/// 65,536.
 pub fn root_entries(host_root: &Path, root: &Path) -> Result<Vec<String>, String> {
     use std::os::fd::AsRawFd;
     let dir = crate::untrusted::open_dir(host_root, root)?;
