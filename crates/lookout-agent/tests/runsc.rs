@@ -285,3 +285,54 @@ fn an_unreadable_runsc_state_is_a_warning_and_a_metric_and_the_next_container_is
         "{m}"
     );
 }
+
+#[test]
+fn containers_of_one_runsc_sandbox_are_each_reported_and_removed() {
+    if !ready_runsc("runsc_pod") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let runsc = Runsc::new(&d.join("root"));
+    let agent = Agent::start(&runsc.rt, &[]);
+    let pod = id("runsc-pod");
+    let cri = |kind: &str, pod: &str| {
+        let (kind, pod) = (kind.to_owned(), pod.to_owned());
+        move |c: &mut Value| {
+            c["annotations"] = serde_json::json!({
+                "io.kubernetes.cri.container-type": kind,
+                "io.kubernetes.cri.sandbox-id": pod,
+            });
+        }
+    };
+    // As containerd's runsc shim starts a pod: the sandbox (pause), then
+    // a container that joins it.
+    let pb = bundle::busybox(&d.join("pod"), &["sleep", "30"], cri("sandbox", &pod));
+    let cb = bundle::busybox(&d.join("ctr"), &["sleep", "30"], cri("container", &pod));
+    runsc.ok(&["create", "--bundle", pb.to_str().expect("utf-8"), &pod]);
+    runsc.ok(&["start", &pod]);
+    let c = id("runsc-in-pod");
+    runsc.ok(&["create", "--bundle", cb.to_str().expect("utf-8"), &c]);
+    runsc.ok(&["start", &c]);
+    let pod_added = agent.wait_event(&pod, "added", Duration::from_secs(10));
+    let c_added = agent.wait_event(&c, "added", Duration::from_secs(10));
+    assert_eq!(
+        pod_added["container"]["pid"], c_added["container"]["pid"],
+        "one sandbox process for both"
+    );
+    assert_eq!(c_added["container"]["sandbox"], "gvisor");
+    // The container goes; its sandbox stays: its deletion reports it.
+    runsc.ok(&["delete", "--force", &c]);
+    agent.wait_event(&c, "removed", Duration::from_secs(10));
+    assert_eq!(
+        events_of(&agent, &pod, "removed"),
+        0,
+        "the pod's sandbox runs on"
+    );
+    runsc.ok(&["delete", "--force", &pod]);
+    agent.wait_event(&pod, "removed", Duration::from_secs(10));
+    for id in [&pod, &c] {
+        assert_eq!(events_of(&agent, id, "added"), 1, "{id} added once");
+        assert_eq!(events_of(&agent, id, "removed"), 1, "{id} removed once");
+    }
+}

@@ -42,6 +42,9 @@ pub(crate) enum Exec {
     /// fanotify-only mode: an exec that was allowed without argv; the task
     /// reads it from /proc once the new image runs.
     Unseen(Unseen),
+    /// An allowed `delete`, for the task to note (a sandboxed container's
+    /// end; see the hook's `Notice::Deleted`).
+    Deleted(Box<Invocation>),
 }
 
 /// A runtime exec allowed without its argv (fanotify-only mode): what the
@@ -515,8 +518,12 @@ impl Worker {
                     self.shared.answered(since);
                 }
             }
-            Ok(_) => {
+            Ok(inv) => {
                 self.shared.answer(perm, since);
+                // Never waits: a full queue loses only this note.
+                if matches!(inv.command, Command::Delete { .. }) {
+                    let _ = self.tx.try_send(Exec::Deleted(Box::new(inv)));
+                }
             }
             Err(e) => {
                 self.shared.answer(perm, since);

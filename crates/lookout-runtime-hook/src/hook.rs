@@ -194,6 +194,8 @@ enum Notice {
     Foreign { pid: u32 },
     /// The init process of a tracked container exited.
     Exited(String, u32),
+    /// The runtime was asked to delete container `id`.
+    Deleted(String),
     /// A `create`/`run`'s config.json was read (or not) off the task; its
     /// exec, still held when `perm` is set, goes on once it is noted.
     CreateRead(Box<CreateRead>),
@@ -569,6 +571,7 @@ impl RuntimeHook {
             // The answer's latency is recorded when it is given (`Held`).
             Exec::Command { pid, inv, perm } => self.on_invocation(pid, &inv, Some(perm)),
             Exec::Unseen(u) => self.spawn_late_argv(u),
+            Exec::Deleted(inv) => self.on_invocation(0, &inv, None),
         }
     }
 
@@ -651,7 +654,17 @@ impl RuntimeHook {
                 }
                 self.release_start(id, perm);
             }
-            Command::Delete { .. } | Command::ReExec | Command::Other(_) => {
+            Command::Delete { id } => {
+                if let Some(perm) = perm {
+                    perm.allow();
+                }
+                // Only a container in a shared sandbox needs it (see
+                // Notice::Deleted); a full queue costs that report.
+                if self.tracked.get(id).is_some_and(|c| c.sandbox.is_some()) {
+                    let _ = self.notices_tx.try_send(Notice::Deleted(id.clone()));
+                }
+            }
+            Command::ReExec | Command::Other(_) => {
                 if let Some(perm) = perm {
                     perm.allow();
                 }
@@ -910,6 +923,20 @@ impl RuntimeHook {
                 if let Some(p) = self.pending.remove(&obs.id) {
                     let (id, pid) = (obs.id.clone(), obs.pid);
                     self.complete(&id, p, Some(pid), Some(obs), sink);
+                }
+            }
+            Notice::Deleted(id) => {
+                // A container in a sandbox it shares with others (a CRI
+                // pod on runsc) has no process of its own on the host: the
+                // sandbox outlives it, so its exit cannot be seen. Its
+                // deletion is the last word on it.
+                let shared = self.tracked.get(&id).is_some_and(|c| {
+                    c.sandbox.is_some()
+                        && c.pid.is_some()
+                        && self.tracked.values().any(|o| o.id != id && o.pid == c.pid)
+                });
+                if shared && let Some(c) = self.tracked.remove(&id) {
+                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, None));
                 }
             }
             Notice::Exited(id, pid) => {
