@@ -583,7 +583,19 @@ fn the_image_runs_as_the_daemonset_runs_it() {
         s.args
             .push(format!("--host-namespaces-pid={}", std::process::id()));
     }
+    let started = Instant::now();
     let pod = Pod::start(&containerd, &image, &s, scratch, "lookout-full");
+    // The figures of the in-container run (printed for the record; not
+    // asserted: this machine is noisy).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pod.pid())).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: ?");
+    eprintln!(
+        "image run: `ctr run` to ready {} ms; agent {rss}",
+        started.elapsed().as_millis()
+    );
     pod.wait_log("discovery mode fanotify-ebpf", Duration::from_secs(5));
     let (status, body) = pod.get("/readyz");
     assert_eq!(status, 200, "{body}");
