@@ -16,10 +16,8 @@
 //!   flag; containerd's default spec has no AppArmor profile (Unconfined).
 
 use std::collections::BTreeSet;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lookout_testsupport::{bundle, require_program, skip};
@@ -224,8 +222,14 @@ struct Pod<'c> {
     containerd: &'c Containerd,
     id: String,
     child: std::process::Child,
-    events: Arc<Mutex<Vec<Value>>>,
-    stderr: PathBuf,
+    out: Output,
+}
+
+impl std::ops::Deref for Pod<'_> {
+    type Target = Output;
+    fn deref(&self) -> &Output {
+        &self.out
+    }
 }
 
 impl<'c> Pod<'c> {
@@ -288,63 +292,15 @@ impl<'c> Pod<'c> {
             .stderr(std::fs::File::create(&stderr).expect("stderr"))
             .spawn()
             .expect("ctr run");
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&events);
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                let v: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("bad JSON line {line:?}: {e}"));
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push(v);
-            }
-        });
+        let out = Output::collect(child.stdout.take().expect("stdout"), stderr);
         let pod = Pod {
             containerd,
             id: id.to_owned(),
             child,
-            events,
-            stderr,
+            out,
         };
         pod.wait_log("lookout_agent::run: ready", Duration::from_secs(30));
         pod
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn wait_log(&self, needle: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn wait_event(&self, id: &str, kind: &str, within: Duration) -> Value {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(e) = self
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .find(|e| e["event"] == kind && e["container"]["id"] == id)
-            {
-                return e.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {kind} for {id} within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     /// The agent's host pid (the pod shares the host's pid namespace).

@@ -11,99 +11,27 @@ use std::time::{Duration, Instant};
 use lookout_testsupport::{require_program, require_root};
 use serde_json::Value;
 
-/// A running `lookout run`, its events collected by a reader thread.
-pub struct Agent {
-    pub child: Child,
+/// What an agent prints: its NDJSON events (collected by a reader thread)
+/// and its log (a file). [`Agent`] and the image test's pod both have one.
+pub struct Output {
     pub events: Arc<Mutex<Vec<Value>>>,
     pub stderr: PathBuf,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
-impl Agent {
-    /// An agent that watches only `rt` (see [`Runtime`]).
-    pub fn start(rt: &Runtime, extra: &[&str]) -> Agent {
-        Agent::start_with(Some(rt), extra, &[], None)
-    }
-
-    /// With environment variables `env` and, optionally, a seccomp filter
-    /// or capability drop. `rt`: the one runtime binary the agent watches;
-    /// `None` for agents that watch none (scan and informer modes).
-    pub fn start_with(
-        rt: Option<&Runtime>,
-        extra: &[&str],
-        env: &[(&str, &str)],
-        restrict: Option<lookout_testsupport::Restrictions>,
-    ) -> Agent {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let stderr = dir.path().join("stderr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
-        // Each agent its own consumer socket: parallel tests must not share
-        // the node's default one.
-        let socket = dir.path().join("api/lookout.sock");
-        cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
-            .args(Runtime::agent_args(rt));
-        if !extra
-            .iter()
-            .any(|a| a.starts_with("--socket") || *a == "--no-socket")
-        {
-            cmd.arg("--socket").arg(&socket);
-        }
-        cmd.args(extra)
-            .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
-            .env_remove("NODE_NAME")
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
-        if let Some(r) = restrict {
-            r.apply(&mut cmd).expect("restrict the agent");
-        }
-        let mut child = cmd.spawn().expect("spawn lookout run");
+impl Output {
+    /// Collects the events printed on `stdout`; the log is in `stderr`.
+    pub fn collect(stdout: std::process::ChildStdout, stderr: PathBuf) -> Output {
         let events = Arc::new(Mutex::new(Vec::new()));
-        let out = child.stdout.take().expect("stdout");
         let sink = Arc::clone(&events);
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines() {
+            for line in std::io::BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 let v: Value = serde_json::from_str(&line)
                     .unwrap_or_else(|e| panic!("bad JSON line {line:?}: {e}"));
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(v);
             }
         });
-        let agent = Agent {
-            child,
-            events,
-            stderr,
-            socket,
-            _dir: dir,
-        };
-        agent.wait_log("lookout_agent::run: ready", Duration::from_secs(20));
-        agent
-    }
-
-    /// The agent's consumer socket (unless the test chose another).
-    pub fn socket(&self) -> &std::path::Path {
-        &self.socket
-    }
-
-    /// Where the agent serves /healthz, /readyz and /metrics.
-    pub fn addr(&self) -> String {
-        self.log()
-            .split("on http://")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .expect("the agent logs where it serves")
-            .to_owned()
-    }
-
-    /// The agent's /metrics page.
-    pub fn metrics(&self) -> String {
-        let (status, body) = http_get(&self.addr(), "/metrics");
-        assert_eq!(status, 200, "{body}");
-        body
+        Output { events, stderr }
     }
 
     pub fn log(&self) -> String {
@@ -150,6 +78,97 @@ impl Agent {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// A running `lookout run`, its events collected by a reader thread.
+pub struct Agent {
+    pub child: Child,
+    out: Output,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Agent {
+    type Target = Output;
+    fn deref(&self) -> &Output {
+        &self.out
+    }
+}
+
+impl Agent {
+    /// An agent that watches only `rt` (see [`Runtime`]).
+    pub fn start(rt: &Runtime, extra: &[&str]) -> Agent {
+        Agent::start_with(Some(rt), extra, &[], None)
+    }
+
+    /// With environment variables `env` and, optionally, a seccomp filter
+    /// or capability drop. `rt`: the one runtime binary the agent watches;
+    /// `None` for agents that watch none (scan and informer modes).
+    pub fn start_with(
+        rt: Option<&Runtime>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        restrict: Option<lookout_testsupport::Restrictions>,
+    ) -> Agent {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stderr = dir.path().join("stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+        // Each agent its own consumer socket: parallel tests must not share
+        // the node's default one.
+        let socket = dir.path().join("api/lookout.sock");
+        cmd.args(["run", "--output", "json", "--listen", "127.0.0.1:0"])
+            .args(Runtime::agent_args(rt));
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--socket") || *a == "--no-socket")
+        {
+            cmd.arg("--socket").arg(&socket);
+        }
+        cmd.args(extra)
+            .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        if let Some(r) = restrict {
+            r.apply(&mut cmd).expect("restrict the agent");
+        }
+        let mut child = cmd.spawn().expect("spawn lookout run");
+        let out = Output::collect(child.stdout.take().expect("stdout"), stderr);
+        let agent = Agent {
+            child,
+            out,
+            socket,
+            _dir: dir,
+        };
+        agent.wait_log("lookout_agent::run: ready", Duration::from_secs(20));
+        agent
+    }
+
+    /// The agent's consumer socket (unless the test chose another).
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// Where the agent serves /healthz, /readyz and /metrics.
+    pub fn addr(&self) -> String {
+        self.log()
+            .split("on http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("the agent logs where it serves")
+            .to_owned()
+    }
+
+    /// The agent's /metrics page.
+    pub fn metrics(&self) -> String {
+        let (status, body) = http_get(&self.addr(), "/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
     }
 
     /// SIGTERM, then the exit status and the log.
