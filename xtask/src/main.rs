@@ -5,6 +5,7 @@ mod bench_inode;
 mod build_ebpf;
 mod fuzz;
 mod image;
+mod outside;
 mod repeat;
 mod run;
 mod test;
@@ -39,6 +40,9 @@ enum Command {
     /// Build the agent's OCI image archive (target/image/lookout.oci.tar)
     /// with no registry and no daemon; print its digest.
     Image(image::Options),
+    /// Build crates outside the workspace against lookout's libraries with
+    /// their own feature choices (another Kubernetes version; no tokio).
+    Outside(outside::Options),
 }
 
 fn main() {
@@ -50,6 +54,7 @@ fn main() {
         Command::Bench(o) => bench::bench(&o),
         Command::Fuzz(o) => fuzz::fuzz(&o),
         Command::Image(o) => image::image(&o),
+        Command::Outside(o) => outside::outside(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

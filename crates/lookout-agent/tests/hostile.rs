@@ -470,7 +470,19 @@ fn idle_connections_and_running_hooks_under_a_low_fd_limit_never_deny_an_exec() 
         rt.cleanup(id);
     }
     drop(holder);
-    let page = agent.metrics();
+    // The agent frees the attacker's connection slots as it reads their
+    // ends; until then a new connection is refused at accept (reset).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        match try_http_get(&addr, "/metrics") {
+            Ok((200, page)) => break page,
+            other => assert!(
+                Instant::now() < deadline,
+                "/metrics still refused 10 s after the attacker left: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(
         metric(&page, "lookout_http_connections_refused_total").unwrap_or(0.0) >= 400.0,
         "{page}"

@@ -199,17 +199,21 @@ impl Drop for Agent {
 
 /// A plain HTTP/1.1 GET against the agent: (status, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    try_http_get(addr, path).expect("GET from the agent")
+}
+
+/// [`http_get`] that returns the I/O error (a connection the agent refused
+/// at accept is reset).
+pub fn try_http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the agent");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
+    )?;
     let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
+    s.read_to_string(&mut resp)?;
     let status = resp
         .split_whitespace()
         .nth(1)
@@ -219,7 +223,7 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// The value of the sample `name` (with its labels) in a metrics page.
