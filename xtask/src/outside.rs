@@ -72,7 +72,10 @@ pub fn outside(_: &Options) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    say("outside", "lookout-informer builds with k8s-openapi's v1_33, chosen by its user");
+    say(
+        "outside",
+        "lookout-informer builds with k8s-openapi's v1_33, chosen by its user",
+    );
 
     // 2. The probe, synchronous: no tokio.
     let probe = base.join("probe");

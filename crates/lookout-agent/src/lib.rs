@@ -53,9 +53,21 @@ fn ebpf_object() -> Option<&'static [u8]> {
 #[derive(Debug, Parser)]
 #[command(name = "lookout", version, about, long_about = None)]
 struct Cli {
+    /// Log lines as text or as one JSON object each (on stderr).
+    #[arg(long, global = true, value_enum, env = "LOOKOUT_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Exit status of a command line that cannot be used (clap's, too).
+const EXIT_USAGE: i32 = 2;
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -105,8 +117,11 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 #[derive(Debug, clap::Args)]
 struct ProbeArgs {
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
+    /// text (a table) or json (one object).
+    #[arg(short, long, value_enum, default_value_t = ProbeOutput::Text)]
+    output: ProbeOutput,
+    /// The same as `--output json` (kept for scripts written before it).
+    #[arg(long, hide = true, conflicts_with = "output")]
     json: bool,
     /// Where the host's root file system is mounted.
     #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
@@ -120,18 +135,48 @@ struct ProbeArgs {
     no_default_runtimes: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProbeOutput {
+    Text,
+    Json,
+}
+
+/// The log filter: `$LOOKOUT_LOG`, else `$RUST_LOG`, else `info`. A filter
+/// that does not parse is an error, not a silent `info`.
+fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
+    for var in ["LOOKOUT_LOG", "RUST_LOG"] {
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => {
+                return tracing_subscriber::EnvFilter::try_new(&v)
+                    .map_err(|e| format!("{var}={v:?} is not a log filter: {e}"));
+            }
+            Ok(_) => {}
+            Err(std::env::VarError::NotPresent) => {}
+            Err(std::env::VarError::NotUnicode(_)) => return Err(format!("{var} is not UTF-8")),
+        }
+    }
+    Ok(tracing_subscriber::EnvFilter::new("info"))
+}
+
 /// The `lookout` command line: parses `std::env::args` and runs the
-/// subcommand (what `main` of the binary does).
+/// subcommand (what `main` of the binary does). Exit status: 0 done, 1 an
+/// error (printed), 2 a command line or environment that cannot be used.
 pub fn cli_main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOOKOUT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let cli = Cli::parse();
+    let filter = match log_filter() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("lookout: {e}");
+            std::process::exit(EXIT_USAGE);
+        }
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
     match cli.command {
         Command::Probe(args) => probe(args),
         Command::Run(args) => run::run(*args, ebpf_object()),
@@ -147,7 +192,7 @@ fn probe(args: ProbeArgs) -> anyhow::Result<()> {
         .default_runtimes(!args.no_default_runtimes)
         .bpf_object(ebpf_object());
     let report = lookout_probe::probe(&opts);
-    if args.json {
+    if args.json || args.output == ProbeOutput::Json {
         let json = serde_json::to_string_pretty(&report).context("serializing the probe report")?;
         println!("{json}");
     } else {

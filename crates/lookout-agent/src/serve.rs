@@ -101,7 +101,19 @@ impl Metrics {
             events.clone(),
         );
         let mode = Family::<ModeLabels, Gauge>::default();
-        registry.register("mode", "The discovery mode in use (1)", mode.clone());
+        registry.register(
+            "mode_info",
+            "The discovery mode in use (1, labelled by mode)",
+            mode.clone(),
+        );
+        registry.register(
+            "build",
+            "The agent's build (1, labelled by version)",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            )]),
+        );
         let answered = Counter::default();
         registry.register(
             "permission_events_answered",

@@ -22,11 +22,11 @@ fn lookout() -> Command {
     cmd
 }
 
-/// Runs `lookout probe --json` with `restrictions`; asserts exit 0 and
+/// Runs `lookout probe -o json` with `restrictions`; asserts exit 0 and
 /// returns the parsed report.
 fn probe_json(restrictions: Restrictions, env: &[(&str, &str)]) -> Value {
     let mut cmd = lookout();
-    cmd.args(["probe", "--json"]).envs(env.iter().copied());
+    cmd.args(["probe", "-o", "json"]).envs(env.iter().copied());
     restrictions.apply(&mut cmd).expect("apply restrictions");
     let out = cmd.output().expect("run lookout probe");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -204,4 +204,59 @@ fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("lookout-probe-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("mkdir");
     d
+}
+
+/// The command line's conventions: exit 2 for a log filter that does not
+/// parse (with the variable named), `RUST_LOG` when `LOOKOUT_LOG` is unset,
+/// JSON log lines on request, and `--json` kept as `-o json`. Needs no root.
+#[test]
+fn log_filters_formats_and_exit_codes() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = lookout();
+        cmd.env_remove("LOOKOUT_LOG").env_remove("RUST_LOG");
+        cmd.args(args).envs(env.iter().copied());
+        cmd.output().expect("run lookout")
+    };
+    let bad = run(&["probe"], &[("LOOKOUT_LOG", "info,[")]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("LOOKOUT_LOG") && err.contains("not a log filter"),
+        "{err}"
+    );
+    let bad = run(&["probe"], &[("RUST_LOG", "=[")]);
+    assert_eq!(bad.status.code(), Some(2), "RUST_LOG is read too: {bad:?}");
+    // LOOKOUT_LOG wins over RUST_LOG.
+    let quiet = run(&["probe"], &[("LOOKOUT_LOG", "error"), ("RUST_LOG", "=[")]);
+    assert_eq!(quiet.status.code(), Some(0), "{quiet:?}");
+    // JSON log lines: the probe's summary line is one object.
+    let json = run(&["--log-format", "json", "probe", "-o", "json"], &[]);
+    assert!(json.status.success(), "{json:?}");
+    let line = String::from_utf8_lossy(&json.stderr)
+        .lines()
+        .last()
+        .map(str::to_owned)
+        .expect("a log line");
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["level"], "INFO", "{v}");
+    // `--json` and `-o json` print the same report (modulo what changes
+    // between two probes, which the checks' names do not).
+    let names = |out: &std::process::Output| -> Vec<String> {
+        let v: Value = serde_json::from_slice(&out.stdout).expect("report");
+        v["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let old = run(&["probe", "--json"], &[]);
+    assert!(old.status.success());
+    assert_eq!(names(&old), names(&json));
+    let both = run(&["probe", "--json", "-o", "text"], &[]);
+    assert_eq!(
+        both.status.code(),
+        Some(2),
+        "one spelling at a time: {both:?}"
+    );
 }

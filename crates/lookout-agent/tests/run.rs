@@ -887,7 +887,8 @@ fn health_readiness_and_metrics_endpoints() {
     assert!(value("lookout_events_total{event=\"removed\",source=\"runtime-hook\"}") >= 1.0);
     // create, runc init re-exec, start at least.
     assert!(value("lookout_permission_events_answered_total") >= 3.0);
-    assert_eq!(value("lookout_mode{mode=\"fanotify-ebpf\"}"), 1.0);
+    assert_eq!(value("lookout_mode_info{mode=\"fanotify-ebpf\"}"), 1.0);
+    assert_eq!(value("lookout_build_info{version=\"0.1.0\"}"), 1.0);
     assert!(
         metrics.contains("lookout_permission_answer_seconds_bucket"),
         "{metrics}"
