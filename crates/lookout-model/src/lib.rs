@@ -8,14 +8,15 @@
 //! - [`ContainerEvent`]: `added` or `removed`, stamped with
 //!   [`monotonic_ns`] (`CLOCK_MONOTONIC`, so latency can be measured from
 //!   outside the agent) and the [`Source`] that saw it.
-//! - The JSON form is what `lookout run` prints, one object per line:
+//! - The JSON form is what `lookout run` prints, one object per line,
+//!   versioned by [`SCHEMA_VERSION`] (docs/events.md):
 //!
 //! ```
 //! use lookout_model::*;
 //! let c = Container::new("abc", RuntimeKind::Runc);
 //! let e = ContainerEvent::added(Source::RuntimeHook, c);
 //! let line = serde_json::to_string(&e).unwrap();
-//! assert!(line.starts_with(r#"{"event":"added","monotonic_ns":"#));
+//! assert!(line.starts_with(r#"{"schema":1,"event":"added","monotonic_ns":"#));
 //! assert!(line.contains(r#""source":"runtime-hook""#));
 //! ```
 #![deny(missing_docs)]
@@ -70,6 +71,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// The OCI runtime (or monitor) that runs a container.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum RuntimeKind {
     /// runc.
@@ -121,6 +123,7 @@ impl fmt::Display for RuntimeKind {
 
 /// Which part of lookout saw a container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
     /// The runtime hook (fanotify on the runtime binaries).
@@ -143,6 +146,7 @@ impl fmt::Display for Source {
 
 /// The OCI status of a container when it was reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Created, its process waiting to be started.
@@ -155,6 +159,7 @@ pub enum Status {
 
 /// Namespace inode numbers of the container's init process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct Namespaces {
     /// Mount namespace.
     pub mnt: Option<u64>,
@@ -166,6 +171,7 @@ pub struct Namespaces {
 
 /// A container as lookout knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct Container {
     /// The runtime's container id.
     pub id: String,
@@ -203,6 +209,7 @@ pub struct Container {
 
 /// The Kubernetes identity of a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct Kubernetes {
     /// The pod's namespace.
     pub namespace: Option<String>,
@@ -291,6 +298,7 @@ impl Container {
 
 /// What happened to a container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum EventKind {
     /// It was created (or found running).
@@ -299,9 +307,22 @@ pub enum EventKind {
     Removed,
 }
 
+/// The version of the event's JSON form, in every event as `schema`. It
+/// grows when a field changes meaning or goes away; added fields keep it
+/// (consumers ignore fields they do not know). See docs/events.md.
+pub const SCHEMA_VERSION: u32 = 1;
+
+fn schema_version() -> u32 {
+    SCHEMA_VERSION
+}
+
 /// One event, as printed by `lookout run` (one JSON object per line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct ContainerEvent {
+    /// The version of this JSON form ([`SCHEMA_VERSION`]).
+    #[serde(default = "schema_version")]
+    pub schema: u32,
     /// Added or removed.
     pub event: EventKind,
     /// `CLOCK_MONOTONIC` nanoseconds when lookout observed it.
@@ -323,6 +344,7 @@ impl ContainerEvent {
     /// An `added` event stamped now.
     pub fn added(source: Source, container: Container) -> ContainerEvent {
         ContainerEvent {
+            schema: SCHEMA_VERSION,
             event: EventKind::Added,
             monotonic_ns: monotonic_ns(),
             source,
@@ -340,6 +362,7 @@ impl ContainerEvent {
     ) -> ContainerEvent {
         container.status = Status::Stopped;
         ContainerEvent {
+            schema: SCHEMA_VERSION,
             event: EventKind::Removed,
             monotonic_ns: monotonic_ns(),
             source,
