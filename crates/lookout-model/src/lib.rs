@@ -42,6 +42,49 @@ pub fn valid_container_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
 }
 
+/// Displays an error with its whole chain of causes, `outer: cause: root`.
+///
+/// lookout's errors keep their causes as [`std::error::Error::source`] and
+/// do not repeat them in their own message; log sites print them with this
+/// (as `anyhow`'s `{:#}` does):
+///
+/// ```
+/// use lookout_model::Chain;
+/// #[derive(Debug)]
+/// struct ReadConfig(std::io::Error);
+/// impl std::fmt::Display for ReadConfig {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("reading config.json")
+///     }
+/// }
+/// impl std::error::Error for ReadConfig {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+/// let e = ReadConfig(std::io::Error::other("disk on fire"));
+/// assert_eq!(Chain(&e).to_string(), "reading config.json: disk on fire");
+/// ```
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 /// Receives container events from a discovery backend.
 ///
 /// The runtime hook calls it on its own task *before* the runtime exec that
