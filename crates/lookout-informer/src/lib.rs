@@ -53,41 +53,76 @@ pub use tracker::{Change, Tracker, parse_container_id};
 
 /// Errors of the informer's setup. (Once running, API errors are logged and
 /// retried with backoff; they never end the informer.)
+///
+/// The cause is kept as the [`source`](std::error::Error::source), not
+/// repeated in the message: print with `lookout_model::Chain` or `{:#}`
+/// (anyhow) to see it. (kube's own errors do repeat their causes in their
+/// messages, so a chain through them shows some text twice.)
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// No usable Kubernetes configuration: neither `KUBECONFIG`,
     /// `~/.kube/config` nor the in-cluster service account.
-    #[error("no Kubernetes configuration: {0}")]
-    Config(String),
+    #[error("no Kubernetes configuration")]
+    Config(#[source] kube::config::InferConfigError),
+    /// The kubeconfig file at `path` could not be read or used.
+    #[error("kubeconfig {}", path.display())]
+    Kubeconfig {
+        /// The file given.
+        path: PathBuf,
+        /// What was wrong with it.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// The client could not be built from the configuration.
-    #[error("Kubernetes client: {0}")]
-    Client(String),
+    #[error("cannot build the Kubernetes client")]
+    Client(#[source] kube::Error),
 }
 
 /// Builds a client the usual way: `KUBECONFIG` or `~/.kube/config`, else the
 /// in-cluster service account (`KUBERNETES_SERVICE_HOST` and the token in
 /// `/var/run/secrets/kubernetes.io/serviceaccount`).
 pub async fn client() -> Result<Client, Error> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::Config(e.to_string()))?;
-    Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+    let config = kube::Config::infer().await.map_err(Error::Config)?;
+    Client::try_from(config).map_err(Error::Client)
 }
 
 /// Builds a client from the kubeconfig file at `path` (its current context).
 pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<Client, Error> {
-    let kc = kube::config::Kubeconfig::read_from(path)
-        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let kubeconfig = |source| Error::Kubeconfig {
+        path: path.to_path_buf(),
+        source,
+    };
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig)?;
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-    Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+            .map_err(kubeconfig)?;
+    Client::try_from(config).map_err(Error::Client)
 }
 
-/// How to run the informer.
+/// `e` and its causes, as `lookout_model::Chain` prints them, but without
+/// a cause whose text is already in the message: kube's errors repeat their
+/// cause (`"watch stream failed: {0}"`), while its deeper causes (hyper's
+/// connection errors, say) are only in the chain.
+fn kube_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// How to run the informer. Start from [`Config::new`] and set fields; more
+/// options may be added.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// This node's name (`NODE_NAME` from the downward API).
     pub node_name: String,
@@ -274,7 +309,10 @@ impl Informer {
                     tracker.delete(&pod, &mut pending);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
+                    tracing::warn!(
+                        error = %kube_chain(&e),
+                        "pod watch failed; retrying with backoff"
+                    );
                     continue;
                 }
             }
@@ -312,5 +350,47 @@ impl Informer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection reset by peer")]
+    struct Root;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (SendRequest)")]
+    struct Hidden(#[source] Root);
+
+    /// A watch error through kube's layers: each repeats its cause, but the
+    /// root cause is only in the chain.
+    #[test]
+    fn kube_chain_prints_each_cause_once() {
+        let e = watcher::Error::WatchFailed(kube::Error::Service(Box::new(Hidden(Root))));
+        assert_eq!(
+            kube_chain(&e),
+            "watch stream failed: ServiceError: client error (SendRequest): \
+             connection reset by peer"
+        );
+    }
+
+    #[test]
+    fn setup_errors_keep_the_cause_out_of_the_message() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let Err(e) = rt.block_on(client_from_kubeconfig(&path)) else {
+            panic!("a client from a missing kubeconfig");
+        };
+        assert!(matches!(e, Error::Kubeconfig { .. }), "{e:?}");
+        assert_eq!(e.to_string(), format!("kubeconfig {}", path.display()));
+        // The cause is in the chain only.
+        let chain = lookout_model::Chain(&e).to_string();
+        assert!(chain.contains("No such file"), "{chain}");
     }
 }
