@@ -6,6 +6,7 @@ mod build_ebpf;
 mod fuzz;
 mod image;
 mod outside;
+mod public_api;
 mod repeat;
 mod run;
 mod test;
@@ -43,6 +44,9 @@ enum Command {
     /// Build crates outside the workspace against lookout's libraries with
     /// their own feature choices (another Kubernetes version; no tokio).
     Outside(outside::Options),
+    /// Check each published library's public API (rustdoc JSON, nightly)
+    /// against xtask/public-api/<crate>.txt; `--bless` rewrites them.
+    PublicApi(public_api::Options),
 }
 
 fn main() {
@@ -55,6 +59,7 @@ fn main() {
         Command::Fuzz(o) => fuzz::fuzz(&o),
         Command::Image(o) => image::image(&o),
         Command::Outside(o) => outside::outside(&o),
+        Command::PublicApi(o) => public_api::public_api(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");
