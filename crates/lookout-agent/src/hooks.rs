@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lookout_model::{ContainerEvent, EventKind, Sink, Source, Status};
+use lookout_model::{Chain, ContainerEvent, EventKind, Sink, Source, Status};
 use lookout_oci_hooks::oci_spec::runtime::{ContainerState, Hook, HookBuilder};
 use lookout_oci_hooks::{HooksDirs, RunOptions, Target, run_hook, state_of};
 use tokio::sync::watch;
@@ -575,22 +575,24 @@ impl Dispatcher {
         let state = match state_of(c, status, e.source, late) {
             Ok(s) => s,
             Err(err) => {
-                tracing::warn!(id = c.id, %err, "cannot build the OCI state; hooks skipped");
+                tracing::warn!(
+                    id = c.id,
+                    error = %Chain(&err),
+                    "cannot build the OCI state; hooks skipped"
+                );
                 return;
             }
         };
-        let opts = RunOptions {
-            default_timeout: self.settings.timeout,
-            // A host path: the hook runs in the host's mount namespace, or
-            // under host_root when it cannot enter it.
-            cwd: c.bundle.clone().unwrap_or_else(|| PathBuf::from("/")),
-            host_root: self.settings.host_root.clone(),
-            close_fds: self.close_fds.lock().map(|v| v.clone()).unwrap_or_default(),
-            // The host's namespaces: pid 1 of a hostPID pod is the host's
-            // init. A no-op when the agent already runs in them.
-            namespaces_of: Some(self.settings.host_namespaces_pid).filter(|p| *p != 0),
-            ..RunOptions::default()
-        };
+        let mut opts = RunOptions::default();
+        opts.default_timeout = self.settings.timeout;
+        // A host path: the hook runs in the host's mount namespace, or
+        // under host_root when it cannot enter it.
+        opts.cwd = c.bundle.clone().unwrap_or_else(|| PathBuf::from("/"));
+        opts.host_root = self.settings.host_root.clone();
+        opts.close_fds = self.close_fds.lock().map(|v| v.clone()).unwrap_or_default();
+        // The host's namespaces: pid 1 of a hostPID pod is the host's init.
+        // A no-op when the agent already runs in them.
+        opts.namespaces_of = Some(self.settings.host_namespaces_pid).filter(|p| *p != 0);
         for (name, hook) in hooks {
             // N.B. the semaphore is never closed, so acquire cannot fail.
             let Ok(_running) = self.running.acquire().await else {
@@ -616,7 +618,12 @@ impl Dispatcher {
                     stderr = o.stderr.trim_end(),
                     "hook failed"
                 ),
-                Err(err) => tracing::warn!(id = c.id, hook = name, %err, "hook did not run"),
+                Err(err) => tracing::warn!(
+                    id = c.id,
+                    hook = name,
+                    error = %Chain(&err),
+                    "hook did not run"
+                ),
             }
         }
     }

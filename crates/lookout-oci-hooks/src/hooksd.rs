@@ -5,12 +5,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use lookout_model::Chain;
 use oci_spec::runtime::Hook;
 use regex::Regex;
 use serde::Deserialize;
 
-/// A lifecycle stage a hook asks for.
+/// A lifecycle stage a hook asks for. Non-exhaustive: the runtime spec
+/// has added stages before.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Stage {
     /// `prestart` (deprecated in the runtime spec; CRI-O runs it as
     /// `createRuntime`).
@@ -136,6 +139,7 @@ impl When {
 
 /// One loaded hook file.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct HookConfig {
     /// The file name (hooks run in the lower-cased order of these).
     pub name: String,
@@ -149,23 +153,80 @@ pub struct HookConfig {
     pub stages: Vec<Stage>,
 }
 
-/// A file that was skipped, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadError {
-    /// The file.
-    pub path: PathBuf,
-    /// Why it was skipped.
-    pub reason: String,
+/// A hook file (or hooks.d directory) that was skipped, and why.
+///
+/// Each message starts with the file; the underlying error, if any, is the
+/// [`source`](std::error::Error::source): print with
+/// [`lookout_model::Chain`] to see it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The file (or directory) could not be read.
+    #[error("cannot read {}", path.display())]
+    Read {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not JSON of the oci-hooks(5) shape.
+    #[error("{}: invalid JSON", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// serde's complaint (with line and column).
+        source: serde_json::Error,
+    },
+    /// A regex of the `when` block does not compile.
+    #[error("{}: {field}: invalid regex {regex:?}", path.display())]
+    Regex {
+        /// The file.
+        path: PathBuf,
+        /// `when.annotations` or `when.commands`.
+        field: &'static str,
+        /// The pattern.
+        regex: String,
+        /// The regex crate's complaint.
+        source: regex::Error,
+    },
+    /// `hook.path` does not exist where the hook runs.
+    #[error("{}: hook.path {}", path.display(), hook_path.display())]
+    HookPath {
+        /// The file.
+        path: PathBuf,
+        /// Where `hook.path` was looked for (under the hook root).
+        hook_path: PathBuf,
+        /// Why it is not there.
+        source: std::io::Error,
+    },
+    /// The file breaks a rule of the format: not a regular file, too big,
+    /// another version, a relative `hook.path`, no or unknown stages, a
+    /// `when` without a condition...
+    #[error("{}: {reason}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The rule it breaks.
+        reason: String,
+    },
 }
 
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.reason)
+impl LoadError {
+    /// The file (or directory) skipped.
+    pub fn path(&self) -> &Path {
+        match self {
+            LoadError::Read { path, .. }
+            | LoadError::Json { path, .. }
+            | LoadError::Regex { path, .. }
+            | LoadError::HookPath { path, .. }
+            | LoadError::Invalid { path, .. } => path,
+        }
     }
 }
 
 /// What a set of directories holds.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Loaded {
     /// Valid hooks, in the order they run.
     pub hooks: Vec<HookConfig>,
@@ -178,70 +239,102 @@ pub const MAX_HOOK_FILE_BYTES: u64 = 1 << 20;
 
 /// Loads one hook file: a regular file of at most [`MAX_HOOK_FILE_BYTES`],
 /// [parsed](parse_file), whose `hook.path` exists.
-pub fn load_file(path: &Path) -> Result<HookConfig, String> {
+pub fn load_file(path: &Path) -> Result<HookConfig, LoadError> {
     load_file_under(Path::new("/"), path)
 }
 
 /// [`load_file`] for hooks that run on a host whose `/` is at `hook_root`
 /// here (a DaemonSet with the host at `/host`): `hook.path` is a host path,
 /// checked under `hook_root`.
-pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, LoadError> {
+    let read = |source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let invalid = |reason: String| LoadError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(invalid("not a regular file".into()));
     }
     if meta.len() > MAX_HOOK_FILE_BYTES {
-        return Err(format!("larger than {MAX_HOOK_FILE_BYTES} bytes"));
+        return Err(invalid(format!("larger than {MAX_HOOK_FILE_BYTES} bytes")));
     }
-    let text = std::fs::read(path).map_err(|e| e.to_string())?;
+    let text = std::fs::read(path).map_err(read)?;
     let c = parse_file(&text, path)?;
     let p = c.hook.path();
     let here = hook_root.join(p.strip_prefix("/").unwrap_or(p));
-    if let Err(e) = std::fs::metadata(&here) {
-        return Err(format!("hook.path {}: {e}", here.display()));
+    if let Err(source) = std::fs::metadata(&here) {
+        return Err(LoadError::HookPath {
+            path: path.to_path_buf(),
+            hook_path: here,
+            source,
+        });
     }
     Ok(c)
 }
 
 /// Parses the bytes of hook file `path` (oci-hooks(5) version 1.0.0):
 /// everything [`load_file`] checks but the file system.
-pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, String> {
-    let f: HookFile = serde_json::from_slice(text).map_err(|e| format!("invalid JSON: {e}"))?;
+pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
+    let invalid = |reason: String| LoadError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let f: HookFile = serde_json::from_slice(text).map_err(|source| LoadError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if f.version != "1.0.0" {
-        return Err(format!(
+        return Err(invalid(format!(
             "version {:?}: only the oci-hooks(5) 1.0.0 format is supported",
             f.version
-        ));
+        )));
     }
     let p = f.hook.path();
     if !p.is_absolute() {
-        return Err(format!("hook.path {} is not absolute", p.display()));
+        return Err(invalid(format!(
+            "hook.path {} is not absolute",
+            p.display()
+        )));
     }
     if let Some(t) = f.hook.timeout()
         && t <= 0
     {
-        return Err(format!("hook.timeout {t} must be greater than zero"));
+        return Err(invalid(format!(
+            "hook.timeout {t} must be greater than zero"
+        )));
     }
     if f.stages.is_empty() {
-        return Err("stages is empty".into());
+        return Err(invalid("stages is empty".into()));
     }
     let mut stages = Vec::new();
     for s in &f.stages {
         match Stage::parse(s) {
             Some(st) => stages.push(st),
-            None => return Err(format!("unknown stage {s:?}")),
+            None => return Err(invalid(format!("unknown stage {s:?}"))),
         }
     }
-    let compile = |what: &str, re: &str| {
-        Regex::new(re).map_err(|e| format!("when.{what}: invalid regex {re:?}: {e}"))
+    let compile = |field: &'static str, re: &str| {
+        Regex::new(re).map_err(|source| LoadError::Regex {
+            path: path.to_path_buf(),
+            field,
+            regex: re.to_owned(),
+            source,
+        })
     };
     let mut annotations = Vec::new();
     for (k, v) in f.when.annotations.iter().flatten() {
-        annotations.push((compile("annotations", k)?, compile("annotations", v)?));
+        annotations.push((
+            compile("when.annotations", k)?,
+            compile("when.annotations", v)?,
+        ));
     }
     let mut commands = Vec::new();
     for c in f.when.commands.iter().flatten() {
-        commands.push(compile("commands", c)?);
+        commands.push(compile("when.commands", c)?);
     }
     let when = When {
         always: f.when.always,
@@ -254,7 +347,7 @@ pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, String> {
         && when.annotations.is_empty()
         && when.commands.is_empty()
     {
-        return Err("when has no condition (set at least one of always, annotations, commands, hasBindMounts)".into());
+        return Err(invalid("when has no condition (set at least one of always, annotations, commands, hasBindMounts)".into()));
     }
     Ok(HookConfig {
         name: path
@@ -284,10 +377,10 @@ pub fn load_dirs_under(hook_root: &Path, dirs: &[PathBuf]) -> Loaded {
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                errors.push(LoadError {
+            Err(source) => {
+                errors.push(LoadError::Read {
                     path: dir.clone(),
-                    reason: e.to_string(),
+                    source,
                 });
                 continue;
             }
@@ -309,7 +402,7 @@ pub fn load_dirs_under(hook_root: &Path, dirs: &[PathBuf]) -> Loaded {
     for (_, path) in files {
         match load_file_under(hook_root, &path) {
             Ok(h) => hooks.push(h),
-            Err(reason) => errors.push(LoadError { path, reason }),
+            Err(e) => errors.push(e),
         }
     }
     Loaded { hooks, errors }
@@ -373,7 +466,7 @@ impl HooksDirs {
         };
         self.loaded = load_dirs_under(root, &self.dirs);
         for e in &self.loaded.errors {
-            tracing::warn!(file = %e.path.display(), reason = e.reason, "hook file skipped");
+            tracing::warn!(error = %Chain(e), "hook file skipped");
         }
         if !self.dirs.is_empty() {
             tracing::info!(
@@ -517,28 +610,51 @@ mod tests {
             [Stage::CreateRuntime],
             "the later directory wins"
         );
+        assert!(l.errors.iter().all(|e| e.path().parent() == Some(a.path())));
         let mut bad: Vec<String> = l
             .errors
             .iter()
             .map(|e| {
-                format!(
-                    "{}: {}",
-                    e.path
-                        .file_name()
-                        .map(|n| n.to_string_lossy())
-                        .unwrap_or_default(),
-                    e.reason
-                )
+                let chain = Chain(e).to_string();
+                chain[a.path().as_os_str().len() + 1..].to_owned()
             })
             .collect();
         bad.sort();
         assert_eq!(bad.len(), 6, "{bad:?}");
-        assert!(bad[0].starts_with("40-json.json: invalid JSON"), "{bad:?}");
-        assert!(bad[1].contains("/nonexistent/hook"), "{bad:?}");
-        assert!(bad[2].contains("invalid regex \"(\""), "{bad:?}");
-        assert!(bad[3].contains("unknown stage \"postmortem\""), "{bad:?}");
-        assert!(bad[4].starts_with("80-old.json"), "{bad:?}");
-        assert!(bad[5].contains("when has no condition"), "{bad:?}");
+        assert!(
+            bad[0].starts_with("40-json.json: invalid JSON: key must be a string"),
+            "{bad:?}"
+        );
+        assert!(
+            bad[1].starts_with("50-missing.json: hook.path /nonexistent/hook: No such file"),
+            "{bad:?}"
+        );
+        assert!(
+            bad[2].starts_with(
+                "60-regex.json: when.commands: invalid regex \"(\": regex parse error"
+            ),
+            "{bad:?}"
+        );
+        assert_eq!(bad[3], "70-stage.json: unknown stage \"postmortem\"");
+        assert!(bad[4].starts_with("80-old.json: invalid JSON: "), "{bad:?}");
+        assert!(
+            bad[5].starts_with("90-nowhen.json: when has no condition"),
+            "{bad:?}"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_file_and_leave_the_cause_to_the_chain() {
+        let path = Path::new("/etc/containers/oci/hooks.d/x.json");
+        let e = parse_file(b"{ not json", path).expect_err("invalid");
+        let cause = std::error::Error::source(&e)
+            .expect("serde's error")
+            .to_string();
+        assert_eq!(e.to_string(), format!("{}: invalid JSON", path.display()));
+        let chain = Chain(&e).to_string();
+        assert_eq!(chain, format!("{}: invalid JSON: {cause}", path.display()));
+        assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
+        assert_eq!(e.path(), path);
     }
 
     #[test]
@@ -555,7 +671,8 @@ mod tests {
         )
         .expect("write");
         assert!(
-            load_file(&file).is_err_and(|e| e.contains("/opt/lk-test-hooks/trace")),
+            matches!(load_file(&file), Err(LoadError::HookPath { hook_path, .. })
+                if hook_path == Path::new("/opt/lk-test-hooks/trace")),
             "not here"
         );
         let h = load_file_under(root.path(), &file).expect("under the host root");

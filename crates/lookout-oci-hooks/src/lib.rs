@@ -51,19 +51,46 @@ pub use state::{LATE_ANNOTATION, OCI_VERSION, SOURCE_ANNOTATION, state_of};
 use std::path::PathBuf;
 
 /// Errors of running a hook.
+///
+/// The cause is the [`source`](std::error::Error::source), not part of the
+/// message: print with [`lookout_model::Chain`] (or `{:#}` once in
+/// `anyhow`) to see it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The hook could not be started (missing binary, no permission, a
     /// namespace that cannot be entered).
-    #[error("cannot start hook {}: {source}", path.display())]
+    #[error("cannot start hook {}", path.display())]
     Spawn {
         /// The program (or namespace file).
         path: PathBuf,
         /// Why.
         source: std::io::Error,
     },
-    /// The State could not be built or encoded.
-    #[error("OCI state: {0}")]
-    State(String),
+    /// The State could not be built (a field the runtime spec requires is
+    /// missing).
+    #[error("cannot build the OCI state")]
+    State(#[source] oci_spec::OciSpecError),
+    /// The State could not be encoded as JSON for the hook's stdin.
+    #[error("cannot encode the OCI state")]
+    Encode(#[source] serde_json::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lookout_model::Chain;
+
+    #[test]
+    fn messages_leave_the_cause_to_the_chain() {
+        let e = Error::Spawn {
+            path: PathBuf::from("/opt/hook"),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        let cause = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        assert_eq!(e.to_string(), "cannot start hook /opt/hook");
+        let chain = Chain(&e).to_string();
+        assert_eq!(chain, format!("cannot start hook /opt/hook: {cause}"));
+        assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
+    }
 }

@@ -13,8 +13,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::Error;
 
-/// How to run hooks.
+/// How to run hooks. Start from [`RunOptions::default`] and set fields;
+/// more options may be added.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// The timeout when the hook has none of its own.
     pub default_timeout: Duration,
@@ -57,6 +59,7 @@ impl Default for RunOptions {
 
 /// What happened to a hook.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Outcome {
     /// How it ended (`None` if it could not be waited for).
     pub status: Option<ExitStatus>,
@@ -153,7 +156,7 @@ fn open_namespaces(pid: u32) -> (Vec<OwnedFd>, bool) {
 /// whole group is killed with SIGKILL and the hook reaped.
 pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<Outcome, Error> {
     let path = hook.path().clone();
-    let input = serde_json::to_vec(state).map_err(|e| Error::State(e.to_string()))?;
+    let input = serde_json::to_vec(state).map_err(Error::Encode)?;
     let timeout = hook
         .timeout()
         .filter(|t| *t > 0)

@@ -49,7 +49,7 @@ pub fn state_of(
     if let Some(pid) = c.pid.and_then(|p| i32::try_from(p).ok()) {
         b = b.pid(pid);
     }
-    b.build().map_err(|e| Error::State(e.to_string()))
+    b.build().map_err(Error::State)
 }
 
 #[cfg(test)]

@@ -40,10 +40,8 @@ async fn the_state_arrives_on_stdin_with_args_env_and_cwd() {
         "cat > {}; echo \"argv0=$0 foo=$FOO home=${{HOME:-unset}} cwd=$(pwd)\"; echo oops >&2; exit 3",
         out.display()
     ));
-    let opts = RunOptions {
-        cwd: d.path().to_path_buf(),
-        ..RunOptions::default()
-    };
+    let mut opts = RunOptions::default();
+    opts.cwd = d.path().to_path_buf();
     let o = run_hook(&hook, &state(), &opts).await.expect("ran");
     assert_eq!(o.status.and_then(|s| s.code()), Some(3));
     assert!(!o.success());
@@ -68,10 +66,8 @@ async fn a_hanging_hook_and_its_children_are_killed_at_the_timeout() {
     let d = tempfile::tempdir().expect("tempdir");
     let pidfile = d.path().join("child.pid");
     let hook = sh(&format!("sleep 30 & echo $! > {}; wait", pidfile.display()));
-    let opts = RunOptions {
-        default_timeout: Duration::from_millis(300),
-        ..RunOptions::default()
-    };
+    let mut opts = RunOptions::default();
+    opts.default_timeout = Duration::from_millis(300);
     let t = Instant::now();
     let o = run_hook(&hook, &state(), &opts).await.expect("ran");
     assert!(o.timed_out, "{o:?}");
@@ -110,10 +106,8 @@ async fn a_hanging_hook_and_its_children_are_killed_at_the_timeout() {
 async fn output_is_bounded_and_hooks_that_ignore_stdin_do_not_block() {
     let hook =
         sh("head -c 300000 /dev/zero | tr '\\0' x; head -c 300000 /dev/zero | tr '\\0' y >&2");
-    let opts = RunOptions {
-        output_limit: 1000,
-        ..RunOptions::default()
-    };
+    let mut opts = RunOptions::default();
+    opts.output_limit = 1000;
     let o = run_hook(&hook, &state(), &opts).await.expect("ran");
     assert!(o.success(), "{o:?}");
     assert!(o.truncated);
@@ -132,7 +126,14 @@ async fn a_missing_program_is_an_error_naming_it() {
         .await
         .expect_err("missing");
     assert!(matches!(e, Error::Spawn { .. }));
-    assert!(e.to_string().contains("/nonexistent/hook"), "{e}");
+    assert_eq!(e.to_string(), "cannot start hook /nonexistent/hook");
+    // The cause follows once, from the chain.
+    let chain = lookout_model::Chain(&e).to_string();
+    assert!(
+        chain.starts_with("cannot start hook /nonexistent/hook: No such file"),
+        "{chain}"
+    );
+    assert_eq!(chain.matches("No such file").count(), 1, "{chain}");
 }
 
 #[tokio::test]
@@ -154,10 +155,8 @@ async fn chosen_fds_are_closed_in_the_hook() {
         "open",
         "the control: inherited without close_fds"
     );
-    let opts = RunOptions {
-        close_fds: vec![fd],
-        ..RunOptions::default()
-    };
+    let mut opts = RunOptions::default();
+    opts.close_fds = vec![fd];
     let o = run_hook(&check, &state(), &opts).await.expect("ran");
     assert_eq!(o.stdout.trim(), "closed");
     drop(f);
