@@ -42,6 +42,21 @@ pub fn valid_container_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
 }
 
+/// Where the host's path `path` is for a process that sees the host's root
+/// at `host_root` (`/` on the host, `/host` in the DaemonSet's pod):
+/// `host_path("/host", "/run/runc")` is `/host/run/runc`. A relative `path`
+/// is taken as relative to the host's root.
+///
+/// ```
+/// use lookout_model::host_path;
+/// use std::path::Path;
+/// assert_eq!(host_path(Path::new("/host"), Path::new("/run/runc")), Path::new("/host/run/runc"));
+/// assert_eq!(host_path(Path::new("/"), Path::new("/run/runc")), Path::new("/run/runc"));
+/// ```
+pub fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> PathBuf {
+    host_root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
 /// Displays an error with its whole chain of causes, `outer: cause: root`.
 ///
 /// lookout's errors keep their causes as [`std::error::Error::source`] and

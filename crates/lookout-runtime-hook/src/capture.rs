@@ -161,15 +161,16 @@ impl std::fmt::Debug for ExecCapture {
     }
 }
 
-fn bpf_err(what: &str, e: impl std::error::Error) -> Error {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        s.push_str(": ");
-        s.push_str(&src.to_string());
-        cur = src.source();
+fn bpf_err(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Bpf {
+        what: what.to_owned(),
+        source: Some(Box::new(e)),
     }
-    Error::Bpf(format!("{what}: {s}"))
+}
+
+/// A program or map the object should have and has not.
+fn missing(what: String) -> Error {
+    Error::Bpf { what, source: None }
 }
 
 /// Loads program `prog` from the object and attaches it to tracepoint
@@ -182,7 +183,7 @@ fn attach_tracepoint(
 ) -> Result<(), Error> {
     let p: &mut TracePoint = ebpf
         .program_mut(prog)
-        .ok_or_else(|| Error::Bpf(format!("program {prog} missing from the object")))?
+        .ok_or_else(|| missing(format!("program {prog} missing from the object")))?
         .try_into()
         .map_err(|e| bpf_err(prog, e))?;
     p.load()
@@ -213,12 +214,12 @@ impl ExecCapture {
         )?;
         let ring = RingBuf::try_from(
             ebpf.take_map(EXEC_EVENTS_MAP)
-                .ok_or_else(|| Error::Bpf(format!("map {EXEC_EVENTS_MAP} missing")))?,
+                .ok_or_else(|| missing(format!("map {EXEC_EVENTS_MAP} missing")))?,
         )
         .map_err(|e| bpf_err(EXEC_EVENTS_MAP, e))?;
         let filter = BpfHashMap::try_from(
             ebpf.take_map(EXEC_FILTER_MAP)
-                .ok_or_else(|| Error::Bpf(format!("map {EXEC_FILTER_MAP} missing")))?,
+                .ok_or_else(|| missing(format!("map {EXEC_FILTER_MAP} missing")))?,
         )
         .map_err(|e| bpf_err(EXEC_FILTER_MAP, e))?;
         let exit = if exit_offset == 0 {
@@ -228,7 +229,7 @@ impl ExecCapture {
             match Self::load_exit(&mut ebpf) {
                 Ok(e) => Some(e),
                 Err(e) => {
-                    tracing::warn!(%e, "exit codes unavailable");
+                    tracing::warn!(error = %lookout_model::Chain(&e), "exit codes unavailable");
                     None
                 }
             }
@@ -252,7 +253,7 @@ impl ExecCapture {
         attach_tracepoint(ebpf, EXIT_PROGRAM, "sched", "sched_process_exit")?;
         let take = |ebpf: &mut aya::Ebpf, name: &str| {
             ebpf.take_map(name)
-                .ok_or_else(|| Error::Bpf(format!("map {name} missing")))
+                .ok_or_else(|| missing(format!("map {name} missing")))
         };
         Ok(ExitCodes {
             watched: BpfHashMap::try_from(take(ebpf, WATCHED_PIDS_MAP)?)

@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ArgvRing;
-use crate::hook::{Observer, Stats};
+use crate::stats::Counters;
 
 /// What the gate hands to the hook's task.
 pub(crate) enum Exec {
@@ -68,16 +68,16 @@ pub(crate) struct Unseen {
 /// outstanding until it is answered (or dropped, which allows it).
 pub(crate) struct Held {
     perm: Permission,
-    _slot: Option<Slot>,
+    _slot: Option<crate::stats::Slot>,
     /// When the event was read, for the answer-latency metric.
     since: Instant,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
 }
 
 impl Held {
     /// Allows the exec and records how long it waited.
     pub fn allow(self) {
-        self.shared.answer(self.perm, self.since);
+        self.counters.answer(self.perm, self.since);
     }
 
     /// Denies the exec (the runtime sees `EPERM`) and records how long it
@@ -86,250 +86,31 @@ impl Held {
         if let Err(e) = self.perm.deny() {
             tracing::warn!(%e, "denying a permission event");
         }
-        self.shared.answered(self.since);
+        self.counters.answered(self.since);
     }
 }
 
-/// Nanoseconds since `base`, plus one (0 marks a free slot).
-fn stamp(base: Instant, t: Instant) -> u64 {
-    t.saturating_duration_since(base).as_nanos() as u64 + 1
-}
-
-/// Permission events handed to the hook's task and not answered yet, in
-/// fixed slots of atomics: the permission thread registers one without a
-/// lock, whoever answers clears it, and `/healthz` reads the oldest.
-pub(crate) struct Outstanding {
-    base: Instant,
-    slots: Box<[AtomicU64]>,
-}
-
-/// One registered event; clears its slot when dropped.
-pub(crate) struct Slot {
-    registry: Arc<Outstanding>,
-    index: usize,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.registry.slots[self.index].store(0, Ordering::Release);
-    }
-}
-
-impl Outstanding {
-    /// Slots: more events outstanding at once are not tracked (the
-    /// oldest ones are, which is what health needs).
-    const SLOTS: usize = 256;
-
-    fn new(base: Instant) -> Outstanding {
-        Outstanding {
-            base,
-            slots: (0..Self::SLOTS).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    fn enter(self: &Arc<Self>, since: Instant) -> Option<Slot> {
-        let v = stamp(self.base, since);
-        self.slots.iter().enumerate().find_map(|(index, s)| {
-            s.compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
-                .ok()
-                .map(|_| Slot {
-                    registry: Arc::clone(self),
-                    index,
-                })
-        })
-    }
-
-    fn oldest(&self) -> Option<Duration> {
-        let min = self
-            .slots
-            .iter()
-            .map(|s| s.load(Ordering::Acquire))
-            .filter(|&v| v != 0)
-            .min()?;
-        let now = stamp(self.base, Instant::now());
-        Some(Duration::from_nanos(now.saturating_sub(min)))
-    }
-}
-
-/// What `/healthz` needs to know about the runtime hook, readable from any
-/// thread without a lock. Get one with
-/// [`RuntimeHook::health`](crate::RuntimeHook::health).
-#[derive(Clone)]
-pub struct Health {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health")
-            .field("oldest_unanswered", &self.oldest_unanswered())
-            .field("permission_thread_busy", &self.permission_thread_busy())
-            .finish()
-    }
-}
-
-impl Health {
-    /// How long the oldest permission event handed to the hook's task
-    /// (`create`, `run`, `start`) has waited for its answer; `None` when
-    /// none waits. A `start` held for prestart hooks waits up to the
-    /// start barrier's cap by design.
-    pub fn oldest_unanswered(&self) -> Option<Duration> {
-        self.shared.outstanding.oldest()
-    }
-
-    /// How long the permission thread has been handling its current batch
-    /// of events; `None` while it waits for events. It answers most events
-    /// in microseconds: a large value means it is stuck.
-    pub fn permission_thread_busy(&self) -> Option<Duration> {
-        let since = self.shared.busy_since.load(Ordering::Acquire);
-        if since == 0 {
-            return None;
-        }
-        let now = stamp(self.shared.outstanding.base, Instant::now());
-        Some(Duration::from_nanos(now.saturating_sub(since)))
-    }
-}
-
-/// State shared by the gate thread and the hook's task.
-pub(crate) struct Shared {
-    /// The marked binaries (to recognise a runtime re-executing itself).
-    pub marked: RwLock<HashSet<PathBuf>>,
+/// The marked runtime binaries, to recognise a runtime re-executing itself
+/// (`runc init`). Written by the hook when it marks a binary, read by the
+/// permission thread.
+#[derive(Default)]
+pub(crate) struct Marked {
+    /// Their paths, as this process opens them.
+    pub paths: RwLock<HashSet<PathBuf>>,
     /// Their device and inode numbers: in a container with the host at
     /// `/host`, the marked path is `/host/usr/sbin/runc` while
     /// `/proc/<tid>/exe` says `/usr/sbin/runc`.
-    pub marked_files: RwLock<HashSet<(u64, u64)>>,
-    pub observer: Option<Arc<dyn Observer>>,
-    pub deadline: Duration,
-    answered: AtomicU64,
-    missing_argv: AtomicU64,
-    unread_argv: AtomicU64,
-    recovered: AtomicU64,
-    ignored: AtomicU64,
-    /// See [`Health`].
-    outstanding: Arc<Outstanding>,
-    /// Execs without argv not handed to the task (its queue was full).
-    pub unseen_dropped: AtomicU64,
-    /// When the permission thread started its current batch (a
-    /// [`stamp`]); 0 while it waits in `poll`.
-    busy_since: AtomicU64,
-    errors: AtomicU64,
-    slowest_us: AtomicU64,
+    pub files: RwLock<HashSet<(u64, u64)>>,
 }
 
-impl Shared {
-    pub fn new(observer: Option<Arc<dyn Observer>>, deadline: Duration) -> Shared {
-        Shared {
-            marked: RwLock::new(HashSet::new()),
-            marked_files: RwLock::new(HashSet::new()),
-            observer,
-            deadline,
-            answered: AtomicU64::new(0),
-            missing_argv: AtomicU64::new(0),
-            unread_argv: AtomicU64::new(0),
-            recovered: AtomicU64::new(0),
-            ignored: AtomicU64::new(0),
-            outstanding: Arc::new(Outstanding::new(Instant::now())),
-            busy_since: AtomicU64::new(0),
-            unseen_dropped: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            slowest_us: AtomicU64::new(0),
-        }
-    }
-
-    /// Allows `perm`, read at `since`, and records how long the exec
-    /// waited on us. (Measured before the answer: the write wakes the
-    /// exec'ing task, which may preempt this thread at once on a small
-    /// machine, and that time is not the exec's.)
-    pub fn answer(&self, perm: Permission, since: Instant) {
-        let elapsed = since.elapsed();
-        answer(perm);
-        self.record(elapsed);
-    }
-
-    /// Records an exec that was answered `since.elapsed()` after it was read.
-    pub fn answered(&self, since: Instant) {
-        self.record(since.elapsed());
-    }
-
-    fn record(&self, elapsed: Duration) {
-        self.answered.fetch_add(1, Ordering::Relaxed);
-        self.slowest_us
-            .fetch_max(elapsed.as_micros() as u64, Ordering::Relaxed);
-        if let Some(o) = &self.observer {
-            o.answered(elapsed);
-        }
-        if elapsed > self.deadline {
-            tracing::warn!(
-                ?elapsed,
-                "a runtime exec waited on lookout longer than the deadline"
-            );
-        }
-    }
-
-    /// Counts a runtime exec whose argv could not be read from /proc
-    /// (see [`Stats::unread_argv`]).
-    pub fn count_unread_argv(&self) {
-        self.unread_argv.fetch_add(1, Ordering::Relaxed);
-        self.error("argv-unread");
-    }
-
-    /// Counts a container a runtime made and lookout could not report.
-    pub fn missed(&self, runtime: &lookout_model::RuntimeKind, reason: &'static str) {
-        if let Some(o) = &self.observer {
-            o.missed(runtime.as_str(), reason);
-        }
-    }
-
-    /// Counts a runtime exec that is not followed, for `reason`.
-    pub fn ignored(&self, reason: &'static str) {
-        self.ignored.fetch_add(1, Ordering::Relaxed);
-        if let Some(o) = &self.observer {
-            o.ignored(reason);
-        }
-    }
-
-    /// Counts a container found by reconciliation.
-    pub fn count_recovered(&self) {
-        self.recovered.fetch_add(1, Ordering::Relaxed);
-        if let Some(o) = &self.observer {
-            o.recovered();
-        }
-    }
-
-    /// Counts a skipped error of `kind` (a short stable label).
-    pub fn error(&self, kind: &'static str) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        if let Some(o) = &self.observer {
-            o.error(kind);
-        }
-    }
-
-    pub fn stats(&self) -> Stats {
-        Stats {
-            answered: self.answered.load(Ordering::Relaxed),
-            missing_argv: self.missing_argv.load(Ordering::Relaxed),
-            unread_argv: self.unread_argv.load(Ordering::Relaxed),
-            recovered: self.recovered.load(Ordering::Relaxed),
-            ignored: self.ignored.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
-            slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
-        }
-    }
-
-    /// A handle for health checks.
-    pub fn health(self: &Arc<Self>) -> Health {
-        Health {
-            shared: Arc::clone(self),
-        }
-    }
-
+impl Marked {
     /// Whether thread `tid` is a runtime re-executing itself (`runc init`
     /// through `/proc/self/exe`): its current image is a marked binary.
     fn is_reexec(&self, tid: u32) -> bool {
         // The file itself, whatever path this mount namespace gives it.
         if let Ok(st) = nix::sys::stat::stat(format!("/proc/{tid}/exe").as_str())
             && self
-                .marked_files
+                .files
                 .read()
                 .is_ok_and(|m| m.contains(&(st.st_dev, st.st_ino)))
         {
@@ -340,7 +121,7 @@ impl Shared {
         };
         let exe = exe.to_string_lossy();
         let exe = exe.trim_end_matches(" (deleted)");
-        self.marked
+        self.paths
             .read()
             .is_ok_and(|m| m.iter().any(|p| p.as_os_str() == exe))
     }
@@ -358,7 +139,8 @@ impl Gate {
     pub fn spawn(
         group: Fanotify,
         ring: Option<ArgvRing>,
-        shared: Arc<Shared>,
+        counters: Arc<Counters>,
+        marked: Arc<Marked>,
         tx: mpsc::Sender<Exec>,
     ) -> std::io::Result<Gate> {
         let stop = Arc::new(EventFd::from_flags(
@@ -371,7 +153,8 @@ impl Gate {
                 let mut worker = Worker {
                     group,
                     ring,
-                    shared,
+                    counters,
+                    marked,
                     tx,
                 };
                 worker.run(&thread_stop);
@@ -402,7 +185,8 @@ impl Drop for Gate {
 struct Worker {
     group: Fanotify,
     ring: Option<ArgvRing>,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
+    marked: Arc<Marked>,
     tx: mpsc::Sender<Exec>,
 }
 
@@ -425,23 +209,19 @@ impl Worker {
             if fds[1].any().unwrap_or(false) {
                 break;
             }
-            let shared = &self.shared;
-            shared.busy_since.store(
-                stamp(shared.outstanding.base, Instant::now()),
-                Ordering::Release,
-            );
+            self.counters.begin_batch();
             match self.group.read_events(&mut buf, &mut events) {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::error!(%e, "reading fanotify events");
-                    self.shared.error("read");
+                    self.counters.error("read");
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
             for ev in events.drain(..) {
                 self.handle(ev);
             }
-            self.shared.busy_since.store(0, Ordering::Release);
+            self.counters.end_batch();
         }
         // Answer whatever is queued before the group closes.
         let _ = self.group.drain();
@@ -450,7 +230,7 @@ impl Worker {
     fn handle(&mut self, mut ev: Event) {
         if ev.is_overflow() {
             tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
-            self.shared.error("overflow");
+            self.counters.error("overflow");
             return;
         }
         let Some(perm) = ev.take_permission() else {
@@ -461,8 +241,8 @@ impl Worker {
         let mut record = self.ring.as_mut().and_then(|r| r.take(tid));
         // runc re-executing itself (`runc init`, once per container) has no
         // record by design: answer it at once, with one readlink.
-        if record.is_none() && self.shared.is_reexec(tid) {
-            self.shared.answer(perm, since);
+        if record.is_none() && self.marked.is_reexec(tid) {
+            self.counters.answer(perm, since);
             return;
         }
         // N.B. the ring buffer hands out records in order, so a record that
@@ -488,8 +268,8 @@ impl Worker {
         // report, no hook run as root, no Kubernetes identity, no way to
         // replace a tracked container (docs/security.md).
         if r.uid != 0 {
-            self.shared.answer(perm, since);
-            self.shared.ignored("non-root");
+            self.counters.answer(perm, since);
+            self.counters.ignored("non-root");
             tracing::debug!(
                 tid,
                 uid = r.uid,
@@ -507,27 +287,27 @@ impl Worker {
                     inv: Box::new(inv),
                     perm: Held {
                         perm,
-                        _slot: self.shared.outstanding.enter(since),
+                        _slot: self.counters.outstanding.enter(since),
                         since,
-                        shared: Arc::clone(&self.shared),
+                        counters: Arc::clone(&self.counters),
                     },
                 };
                 // A closed channel (shutting down) hands the message back:
                 // dropping it allows the exec.
                 if self.tx.blocking_send(msg).is_err() {
-                    self.shared.answered(since);
+                    self.counters.answered(since);
                 }
             }
             Ok(inv) => {
-                self.shared.answer(perm, since);
+                self.counters.answer(perm, since);
                 // Never waits: a full queue loses only this note.
                 if matches!(inv.command, Command::Delete { .. }) {
                     let _ = self.tx.try_send(Exec::Deleted(Box::new(inv)));
                 }
             }
             Err(e) => {
-                self.shared.answer(perm, since);
-                self.shared.error("argv");
+                self.counters.answer(perm, since);
+                self.counters.error("argv");
                 tracing::warn!(%e, argv = ?r.argv, "cannot parse runtime command line; allowed it");
             }
         }
@@ -537,8 +317,8 @@ impl Worker {
     /// an exec path the programs do not see. Allow it and learn about it
     /// from /proc and the runtime's state.
     fn without_argv(&mut self, tid: u32, perm: Permission, since: Instant) {
-        self.shared.missing_argv.fetch_add(1, Ordering::Relaxed);
-        if let Some(o) = &self.shared.observer {
+        self.counters.missing_argv.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.counters.observer {
             o.without_argv();
         }
         // No argv now: fanotify-only mode, or, with BPF, a caller other
@@ -564,7 +344,7 @@ impl Worker {
             .ok()
             .map(|st| (st.st_dev, st.st_ino));
         let pidfd = crate::pidfd::pidfd_open(tid).ok();
-        self.shared.answer(perm, since);
+        self.counters.answer(perm, since);
         // Never wait for the task here (an exec flood must not stall this
         // thread): a full queue is counted, and the task reconciles.
         let unseen = Exec::Unseen(Unseen {
@@ -575,7 +355,7 @@ impl Worker {
             bpf: self.ring.is_some(),
         });
         if self.tx.try_send(unseen).is_err() {
-            self.shared.unseen_dropped.fetch_add(1, Ordering::Relaxed);
+            self.counters.unseen_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -590,10 +370,4 @@ fn needs_state(inv: &Invocation) -> bool {
 
 pub(crate) fn basename(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_owned()
-}
-
-pub(crate) fn answer(perm: Permission) {
-    if let Err(e) = perm.allow() {
-        tracing::warn!(%e, "answering a permission event");
-    }
 }

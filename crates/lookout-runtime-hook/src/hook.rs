@@ -1,21 +1,23 @@
 //! The runtime hook: one fanotify group with `FAN_OPEN_EXEC_PERM` marks on
 //! the runtime binaries, BPF argv capture, and the container state machine.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Report};
-pub use lookout_model::Sink;
-use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
+use lookout_model::{Container, RuntimeKind, Sink, Status};
 use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
-use crate::gate::{Exec, Gate, Held, Shared, Unseen};
+use crate::container::fill;
+use crate::gate::{Exec, Gate, Held, Marked, Unseen};
+use crate::lifecycle::{Effect, Input, Lifecycle, Pending};
 use crate::oci::OciConfig;
+use crate::run_watch::Observed;
 use crate::state::{default_root, leaves_trace, read_pid_file_under, read_state_under};
+use crate::stats::{Counters, Observer, Stats};
 use crate::{Error, pidfd, proc};
 
 /// Finds the runtime binaries again (for binaries installed after start).
@@ -33,37 +35,6 @@ impl std::fmt::Debug for Rescan {
             .field("interval", &self.interval)
             .finish_non_exhaustive()
     }
-}
-
-/// Sees what the hook does, for metrics. Called on the thread that answers
-/// permission events: keep it cheap (atomics).
-pub trait Observer: Send + Sync {
-    /// A permission event was answered after `elapsed`.
-    fn answered(&self, elapsed: Duration);
-    /// Something went wrong and was skipped; `kind` is a short stable label
-    /// (`argv`, `argv-unread`, `config`, `overflow`, `read`, `mark`).
-    fn error(&self, kind: &'static str);
-    /// A container was found only by reconciling the state directories
-    /// after runtime execs whose argv could not be read (fanotify-only
-    /// mode); it was reported late.
-    fn recovered(&self) {}
-    /// A runtime exec was allowed and not followed, for `reason`
-    /// (`non-root`: its caller is not host root).
-    fn ignored(&self, reason: &'static str) {
-        let _ = reason;
-    }
-    /// A runtime exec that should have made a container did not yield one
-    /// lookout can report, for `reason` (`unreadable-state`: the runtime
-    /// left state that cannot be read or parsed, in a layout this version
-    /// may not know; `state-timeout`; `not-a-container-process`). Logged at
-    /// warn level too.
-    fn missed(&self, runtime: &str, reason: &'static str) {
-        let _ = (runtime, reason);
-    }
-    /// A runtime exec came without a BPF argv record (fanotify-only mode,
-    /// a caller other than host root, or a runtime re-exec the hook did
-    /// not recognise): it was allowed at once and followed through /proc.
-    fn without_argv(&self) {}
 }
 
 /// What a [`StartBarrier`] decided about a container's start.
@@ -154,23 +125,12 @@ impl Default for Config {
     }
 }
 
-/// A container seen at `create`/`run`, not yet reported.
-#[derive(Debug)]
-struct Pending {
-    runtime: RuntimeKind,
-    root: PathBuf,
-    bundle: Option<PathBuf>,
-    pid_file: Option<PathBuf>,
-    config: Option<OciConfig>,
-    status: Status,
-    since: Instant,
-}
-
+/// What the hook's task hears from the tasks and threads it started.
 enum Notice {
     /// The `create` process of `id` exited.
-    Created(String),
+    CreateExited(String),
     /// A `run` watcher read the state of a container.
-    Observed(crate::run_watch::Observed),
+    Observed(Observed),
     /// fanotify-only mode: the argv of an exec, read from /proc after it
     /// was allowed.
     LateArgv {
@@ -199,13 +159,10 @@ enum Notice {
     /// A `create`/`run`'s config.json was read (or not) off the task; its
     /// exec, still held when `perm` is set, goes on once it is noted.
     CreateRead(Box<CreateRead>),
-    /// A pending container's pid was read (or not) off the task; the
-    /// `start` execs waiting for its report go on after it.
-    PidRead {
-        id: String,
-        pending: Pending,
-        pid: Option<u32>,
-    },
+    /// A pending container's pid was read and the container filled (or
+    /// not) off the task; the `start` execs waiting for its report go on
+    /// after it.
+    Resolved(String, Option<Box<Container>>),
 }
 
 /// A `create` or `run` whose config.json was being read.
@@ -232,41 +189,18 @@ enum Afterwards {
     Unknown,
 }
 
-/// Counters, for metrics and tests.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Stats {
-    /// Permission events answered.
-    pub answered: u64,
-    /// Runtime execs without a BPF argv record (in fanotify-only mode,
-    /// every runtime exec).
-    pub missing_argv: u64,
-    /// fanotify-only mode: runtime execs whose argv could not be read from
-    /// /proc either (the process ended first, or an exec flood). Each one
-    /// triggers a reconciliation from the state directories.
-    pub unread_argv: u64,
-    /// Containers that only reconciliation found (reported late, source
-    /// `state-scan`): without it they would have been missed.
-    pub recovered: u64,
-    /// Runtime execs allowed and not followed because their caller is not
-    /// host root (they cannot make a rootful container).
-    pub ignored: u64,
-    /// Errors (bad argv, config, state) that were logged and skipped.
-    pub errors: u64,
-    /// The slowest answer, in microseconds.
-    pub slowest_answer_us: u64,
-}
-
 /// The runtime hook. Create with [`RuntimeHook::new`], report what already
 /// runs with [`RuntimeHook::scan`], then drive it with [`RuntimeHook::run`].
 pub struct RuntimeHook {
     config: Config,
     group: Fanotify,
     capture: Option<ExecCapture>,
-    pending: HashMap<String, Pending>,
-    tracked: HashMap<String, Container>,
+    /// Pending, resolving and tracked containers.
+    lifecycle: Lifecycle<Held>,
     notices_tx: mpsc::Sender<Notice>,
     notices_rx: mpsc::Receiver<Notice>,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
+    marked: Arc<Marked>,
     execs: mpsc::Receiver<Exec>,
     gate: Gate,
     /// Runtime roots seen in argv (`--root`), scanned by reconciliation
@@ -281,9 +215,6 @@ pub struct RuntimeHook {
     unread_since: Instant,
     /// When the last reconciliation ran.
     last_reconcile: Instant,
-    /// Pending containers whose pid is being read off the task, with the
-    /// `start` execs that wait for their report.
-    finalizing: HashMap<String, Vec<Held>>,
 }
 
 impl Drop for RuntimeHook {
@@ -299,15 +230,12 @@ impl Drop for RuntimeHook {
 impl std::fmt::Debug for RuntimeHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RuntimeHook")
-            .field("marked", &self.shared.marked)
-            .field("tracked", &self.tracked.len())
-            .field("pending", &self.pending.len())
-            .finish()
+            .field("marked", &self.marked.paths)
+            .field("lifecycle", &self.lifecycle.counts())
+            .finish_non_exhaustive()
     }
 }
 
-const MAX_PENDING: usize = 4096;
-const PENDING_TTL: Duration = Duration::from_secs(60);
 /// fanotify-only mode: how long an allowed runtime exec may take to show
 /// its own command line in /proc before it counts as unread.
 const LATE_ARGV_DEADLINE: Duration = Duration::from_secs(5);
@@ -344,21 +272,31 @@ impl RuntimeHook {
             .report(Report::TID)
             .init()
             .map_err(Error::Fanotify)?;
-        let shared = Arc::new(Shared::new(config.observer.clone(), config.answer_deadline));
+        let counters = Arc::new(Counters::new(
+            config.observer.clone(),
+            config.answer_deadline,
+        ));
+        let marked = Arc::new(Marked::default());
         let (exec_tx, execs) = mpsc::channel(1024);
         let ring = capture.as_mut().and_then(ExecCapture::take_ring);
-        let gate = Gate::spawn(group.share(), ring, Arc::clone(&shared), exec_tx)
-            .map_err(|e| Error::Bpf(format!("starting the permission thread: {e}")))?;
+        let gate = Gate::spawn(
+            group.share(),
+            ring,
+            Arc::clone(&counters),
+            Arc::clone(&marked),
+            exec_tx,
+        )
+        .map_err(Error::Thread)?;
         let (notices_tx, notices_rx) = mpsc::channel(1024);
         let mut hook = RuntimeHook {
             config,
             group,
             capture,
-            pending: HashMap::new(),
-            tracked: HashMap::new(),
+            lifecycle: Lifecycle::default(),
             notices_tx,
             notices_rx,
-            shared,
+            counters,
+            marked,
             execs,
             gate,
             learned_roots: Vec::new(),
@@ -366,7 +304,6 @@ impl RuntimeHook {
             late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             unread_since: Instant::now(),
             last_reconcile: Instant::now(),
-            finalizing: HashMap::new(),
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -388,23 +325,23 @@ impl RuntimeHook {
         }
         // Known before the mark exists, so that the first `runc init`
         // through the new binary is recognised.
-        if let Ok(mut m) = self.shared.marked.write() {
+        if let Ok(mut m) = self.marked.paths.write() {
             m.insert(path.to_path_buf());
         }
         let file = nix::sys::stat::stat(path)
             .ok()
             .map(|st| (st.st_dev, st.st_ino));
-        if let (Some(file), Ok(mut m)) = (file, self.shared.marked_files.write()) {
+        if let (Some(file), Ok(mut m)) = (file, self.marked.files.write()) {
             m.insert(file);
         }
         if let Err(e) = self
             .group
             .add_mark(path, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
         {
-            if let Ok(mut m) = self.shared.marked.write() {
+            if let Ok(mut m) = self.marked.paths.write() {
                 m.remove(path);
             }
-            if let (Some(file), Ok(mut m)) = (file, self.shared.marked_files.write()) {
+            if let (Some(file), Ok(mut m)) = (file, self.marked.files.write()) {
                 m.remove(&file);
             }
             return Err(Error::Fanotify(e));
@@ -414,7 +351,7 @@ impl RuntimeHook {
     }
 
     fn is_marked(&self, path: &Path) -> bool {
-        self.shared.marked.read().is_ok_and(|m| m.contains(path))
+        self.marked.paths.read().is_ok_and(|m| m.contains(path))
     }
 
     /// The fanotify group's file descriptor. Processes this agent starts
@@ -427,7 +364,7 @@ impl RuntimeHook {
     /// A handle for health checks (see [`Health`](crate::Health)), usable
     /// from any thread after the hook moved into [`RuntimeHook::run`].
     pub fn health(&self) -> crate::Health {
-        self.shared.health()
+        self.counters.health()
     }
 
     /// Whether argv is captured by BPF.
@@ -437,37 +374,29 @@ impl RuntimeHook {
 
     /// Counters so far.
     pub fn stats(&self) -> Stats {
-        self.shared.stats()
+        self.counters.stats()
     }
 
     /// Containers currently tracked.
     pub fn tracked(&self) -> impl Iterator<Item = &Container> {
-        self.tracked.values()
-    }
-
-    fn host(&self, p: &Path) -> PathBuf {
-        self.config.host_root.join(p.strip_prefix("/").unwrap_or(p))
+        self.lifecycle.tracked()
     }
 
     /// Reports the containers that already run, from the runtimes' state
     /// directories (source `state-scan`). A pid whose start time does not
     /// match the state file (pid reuse) is skipped.
     pub fn scan(&mut self, sink: &mut dyn Sink) {
-        for c in self.scan_untracked() {
-            let Some(pid) = c.pid else { continue };
-            self.track(c.clone(), pid);
-            sink.emit(ContainerEvent::added(Source::StateScan, c));
-        }
+        let found = self.scan_untracked();
+        self.step(Input::Found(found), sink);
     }
 
     /// Containers in the state directories (the default roots and those
     /// seen in argv) that are neither tracked, pending nor being reported.
     fn scan_untracked(&self) -> Vec<Container> {
-        let (tracked, pending, finalizing) = (&self.tracked, &self.pending, &self.finalizing);
-        let known = |id: &str| {
-            tracked.contains_key(id) || pending.contains_key(id) || finalizing.contains_key(id)
-        };
-        crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &known)
+        let lifecycle = &self.lifecycle;
+        crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &|id| {
+            lifecycle.knows(id)
+        })
     }
 
     /// When to reconcile after unread execs: once no argv reader is busy
@@ -495,19 +424,18 @@ impl RuntimeHook {
     fn reconcile(&mut self, sink: &mut dyn Sink) {
         self.last_reconcile = Instant::now();
         let unread = std::mem::take(&mut self.unread);
-        for c in self.scan_untracked() {
-            let Some(pid) = c.pid else { continue };
-            self.shared.count_recovered();
+        let found = self.scan_untracked();
+        for c in &found {
+            self.counters.count_recovered();
             tracing::warn!(
                 id = c.id,
-                pid,
+                pid = c.pid,
                 execs = ?unread,
                 "container found by reconciliation: the argv of these runtime execs could \
                  not be read (fanotify mode without BPF); reported late, from the state directory"
             );
-            self.track(c.clone(), pid);
-            sink.emit(ContainerEvent::added(Source::StateScan, c));
         }
+        self.step(Input::Found(found), sink);
     }
 
     /// Handles events until `shutdown` completes. Every permission event is
@@ -527,11 +455,11 @@ impl RuntimeHook {
         );
         loop {
             let dropped = self
-                .shared
+                .counters
                 .unseen_dropped
                 .swap(0, std::sync::atomic::Ordering::Relaxed);
             if dropped > 0 {
-                self.shared.count_unread_argv();
+                self.counters.count_unread_argv();
                 if self.unread.is_empty() {
                     self.unread_since = Instant::now();
                 }
@@ -542,19 +470,22 @@ impl RuntimeHook {
             let due = self.reconcile_due();
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(x) = self.execs.recv() => self.on_exec(x),
+                Some(x) = self.execs.recv() => self.on_exec(x, sink),
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
                 // Several unread execs cost one scan; see `reconcile_due`.
                 () = due, if !self.unread.is_empty() => self.reconcile(sink),
-                _ = sweep.tick() => self.sweep(),
+                _ = sweep.tick() => self.step(Input::Sweep { now: Instant::now() }, sink),
                 _ = rescan_tick.tick(), if rescan.is_some() => {
                     if let Some(r) = &rescan {
                         for path in (r.find)() {
                             if !self.is_marked(&path)
                                 && let Err(e) = self.watch_binary(&path)
                             {
-                                self.shared.error("mark");
-                                tracing::warn!(%e, "cannot watch a newly found runtime binary");
+                                self.counters.error("mark");
+                                tracing::warn!(
+                                    error = %lookout_model::Chain(&e),
+                                    "cannot watch a newly found runtime binary"
+                                );
                             }
                         }
                     }
@@ -562,16 +493,38 @@ impl RuntimeHook {
             }
         }
         // Dropping `self` answers everything still queued (see Drop).
-        self.shared.stats()
+        self.counters.stats()
+    }
+
+    /// Applies `input` to the lifecycle and carries out its effects.
+    fn step(&mut self, input: Input<Held>, sink: &mut dyn Sink) {
+        for effect in self.lifecycle.step(input) {
+            match effect {
+                Effect::Resolve { id, pending, seen } => self.spawn_resolve(id, pending, seen),
+                Effect::WatchExit { id, pid } => {
+                    if let Some(cap) = self.capture.as_mut() {
+                        cap.watch_exit(pid);
+                    }
+                    let tx = self.notices_tx.clone();
+                    let exited = pidfd::exit_of(pid);
+                    tokio::spawn(async move {
+                        exited.await;
+                        let _ = tx.send(Notice::Exited(id, pid)).await;
+                    });
+                }
+                Effect::Emit(event) => sink.emit(event),
+                Effect::ReleaseStart { id, pid, perm } => self.release_start(id, pid, perm),
+            }
+        }
     }
 
     /// A runtime exec handed over by the permission thread.
-    fn on_exec(&mut self, exec: Exec) {
+    fn on_exec(&mut self, exec: Exec, sink: &mut dyn Sink) {
         match exec {
             // The answer's latency is recorded when it is given (`Held`).
-            Exec::Command { pid, inv, perm } => self.on_invocation(pid, &inv, Some(perm)),
+            Exec::Command { pid, inv, perm } => self.on_invocation(pid, &inv, Some(perm), sink),
             Exec::Unseen(u) => self.spawn_late_argv(u),
-            Exec::Deleted(inv) => self.on_invocation(0, &inv, None),
+            Exec::Deleted(inv) => self.on_invocation(0, &inv, None, sink),
         }
     }
 
@@ -579,12 +532,19 @@ impl RuntimeHook {
     /// permission (answered here, after anything that must precede the
     /// exec), or `None` when the exec was already allowed (fanotify-only
     /// mode reads argv afterwards).
-    fn on_argv(&mut self, pid: u32, binary: &str, argv: &[String], perm: Option<Held>) {
+    fn on_argv(
+        &mut self,
+        pid: u32,
+        binary: &str,
+        argv: &[String],
+        perm: Option<Held>,
+        sink: &mut dyn Sink,
+    ) {
         match argv::parse(argv, binary) {
-            Ok(inv) => self.on_invocation(pid, &inv, perm),
+            Ok(inv) => self.on_invocation(pid, &inv, perm, sink),
             Err(e) => {
-                self.shared.error("argv");
-                tracing::warn!(%e, ?argv, "cannot parse runtime command line; allowing it");
+                self.counters.error("argv");
+                tracing::warn!(error = %e, ?argv, "cannot parse runtime command line; allowing it");
                 if let Some(perm) = perm {
                     perm.allow();
                 }
@@ -593,7 +553,13 @@ impl RuntimeHook {
     }
 
     /// Acts on a parsed runtime command line; `perm` as for `on_argv`.
-    fn on_invocation(&mut self, pid: u32, inv: &Invocation, perm: Option<Held>) {
+    fn on_invocation(
+        &mut self,
+        pid: u32,
+        inv: &Invocation,
+        perm: Option<Held>,
+        sink: &mut dyn Sink,
+    ) {
         match &inv.command {
             Command::Create(a) | Command::Run(a) => {
                 // config.json is read off this task (a hung file system
@@ -609,9 +575,9 @@ impl RuntimeHook {
                         self.config.answer_deadline,
                     )
                 });
-                let (tx, shared, id) = (
+                let (tx, counters, id) = (
                     self.notices_tx.clone(),
-                    Arc::clone(&self.shared),
+                    Arc::clone(&self.counters),
                     a.id.clone(),
                 );
                 let inv = inv.clone();
@@ -620,8 +586,12 @@ impl RuntimeHook {
                         Some(read) => read
                             .await
                             .map_err(|e| {
-                                shared.error("config");
-                                tracing::warn!(id, %e, "cannot read the container's config");
+                                counters.error("config");
+                                tracing::warn!(
+                                    id,
+                                    error = %lookout_model::Chain(&e),
+                                    "cannot read the container's config"
+                                );
                             })
                             .ok(),
                         None => None,
@@ -639,28 +609,22 @@ impl RuntimeHook {
                     let _ = tx.send(notice).await;
                 });
             }
-            Command::Start { id } => {
-                // The container is still `created`: report it before its
-                // process may run.
-                let id = id.clone();
-                if let Some(waiting) = self.finalizing.get_mut(&id) {
-                    // Its pid is being read: go on after the report.
-                    waiting.extend(perm);
-                    return;
-                }
-                if self.pending.contains_key(&id) {
-                    self.begin_finalize(&id, perm);
-                    return;
-                }
-                self.release_start(id, perm);
-            }
+            // The container is still `created`: the lifecycle reports it
+            // before its process may run.
+            Command::Start { id } => self.step(
+                Input::Start {
+                    id: id.clone(),
+                    perm,
+                },
+                sink,
+            ),
             Command::Delete { id } => {
                 if let Some(perm) = perm {
                     perm.allow();
                 }
                 // Only a container in a shared sandbox needs it (see
-                // Notice::Deleted); a full queue costs that report.
-                if self.tracked.get(id).is_some_and(|c| c.sandbox.is_some()) {
+                // `Input::Deleted`); a full queue costs that report.
+                if self.lifecycle.is_sandboxed(id) {
                     let _ = self.notices_tx.try_send(Notice::Deleted(id.clone()));
                 }
             }
@@ -672,14 +636,13 @@ impl RuntimeHook {
         }
     }
 
-    /// Lets `start` of container `id` go on, after its prestart hooks (the
-    /// start barrier), waiting on a task so that other execs go on.
-    fn release_start(&self, id: String, perm: Option<Held>) {
-        let Some(perm) = perm else { return };
+    /// Lets `start` of container `id` (init `pid`) go on, after its
+    /// prestart hooks (the start barrier), waiting on a task so that other
+    /// execs go on.
+    fn release_start(&self, id: String, pid: Option<u32>, perm: Held) {
         match self.config.start_barrier.as_ref().and_then(|b| b.wait(&id)) {
             Some(barrier) => {
                 let cap = self.config.start_barrier_cap;
-                let pid = self.tracked.get(&id).and_then(|c| c.pid);
                 let mut wait = Box::pin(tokio::time::timeout(cap, barrier));
                 // Decided already (the gates answered between create and
                 // start): answer here, without a task and its wake-up.
@@ -700,7 +663,7 @@ impl RuntimeHook {
 
     /// A `create`/`run` whose config.json was read: remember the container,
     /// let the exec go on, and watch for what it makes.
-    fn on_create_read(&mut self, r: CreateRead) {
+    fn on_create_read(&mut self, r: CreateRead, sink: &mut dyn Sink) {
         let CreateRead {
             pid,
             inv,
@@ -709,33 +672,12 @@ impl RuntimeHook {
             bundle,
             config,
         } = r;
-        let id = match &inv.command {
-            Command::Create(a) | Command::Run(a) => a.id.clone(),
-            _ => return,
-        };
-        self.on_create(&inv, cwd, bundle, config);
-        if let Some(perm) = perm {
-            perm.allow();
-        }
-        if matches!(inv.command, Command::Create(_)) {
-            self.spawn_exit_wait(pid, Notice::Created(id));
-        } else {
-            self.spawn_state_wait(&inv, id, pid);
-        }
-    }
-
-    fn on_create(
-        &mut self,
-        inv: &Invocation,
-        cwd: Option<PathBuf>,
-        bundle: Option<PathBuf>,
-        config: Option<OciConfig>,
-    ) {
         let (args, status) = match &inv.command {
             Command::Create(a) => (a, Status::Created),
             Command::Run(a) => (a, Status::Running),
             _ => return,
         };
+        let id = args.id.clone();
         let root = inv
             .root
             .clone()
@@ -748,26 +690,45 @@ impl RuntimeHook {
                 (Some(cwd), false) => cwd.join(p),
                 _ => p.clone(),
             });
-        if self.tracked.contains_key(&args.id) {
-            // Reported already (reconciliation was first), or a create
-            // that fails: runc refuses an id that exists.
-            return;
-        }
-        if self.pending.len() >= MAX_PENDING {
-            self.sweep();
-        }
-        self.pending.insert(
-            args.id.clone(),
-            Pending {
-                runtime: inv.runtime.clone(),
-                root,
-                bundle,
-                pid_file,
-                config,
-                status,
-                since: Instant::now(),
+        let pending = Pending {
+            runtime: inv.runtime.clone(),
+            root: root.clone(),
+            bundle,
+            pid_file,
+            config,
+            status,
+            since: Instant::now(),
+        };
+        self.step(
+            Input::Created {
+                id: id.clone(),
+                pending,
             },
+            sink,
         );
+        if let Some(perm) = perm {
+            perm.allow();
+        }
+        if status == Status::Created {
+            let tx = self.notices_tx.clone();
+            let exited = pidfd::exit_of(pid);
+            tokio::spawn(async move {
+                exited.await;
+                let _ = tx.send(Notice::CreateExited(id)).await;
+            });
+        } else {
+            // `run` creates and starts in one process: catch the state
+            // file while the container lives.
+            let (tx, mut rx) = mpsc::channel(1);
+            let root = lookout_model::host_path(&self.config.host_root, &root);
+            crate::run_watch::spawn(inv.runtime.clone(), root, id, pid, tx);
+            let notices = self.notices_tx.clone();
+            tokio::spawn(async move {
+                if let Some(obs) = rx.recv().await {
+                    let _ = notices.send(Notice::Observed(obs)).await;
+                }
+            });
+        }
     }
 
     /// Remembers a `--root` for reconciliation scans.
@@ -780,39 +741,6 @@ impl RuntimeHook {
         }
         self.learned_roots
             .push((runtime.clone(), root.to_path_buf()));
-    }
-
-    fn spawn_exit_wait(&self, pid: u32, notice: Notice) {
-        let tx = self.notices_tx.clone();
-        match pidfd::pidfd_open(pid) {
-            Ok(fd) => {
-                tokio::spawn(async move {
-                    let _ = pidfd::wait_exit(fd).await;
-                    let _ = tx.send(notice).await;
-                });
-            }
-            // Already gone: it finished before we looked.
-            Err(_) => {
-                let _ = tx.try_send(notice);
-            }
-        }
-    }
-
-    fn spawn_state_wait(&self, inv: &Invocation, id: String, tgid: u32) {
-        // `run` creates and starts in one process: catch the state file.
-        let root = self.host(
-            &inv.root
-                .clone()
-                .unwrap_or_else(|| default_root(&inv.runtime)),
-        );
-        let (tx, mut rx) = mpsc::channel(1);
-        crate::run_watch::spawn(inv.runtime.clone(), root, id, tgid, tx);
-        let notices = self.notices_tx.clone();
-        tokio::spawn(async move {
-            if let Some(obs) = rx.recv().await {
-                let _ = notices.send(Notice::Observed(obs)).await;
-            }
-        });
     }
 
     /// fanotify-only mode: once the exec is allowed and through, the
@@ -848,27 +776,23 @@ impl RuntimeHook {
 
     fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
         match n {
-            Notice::Created(id) => {
-                if self.pending.contains_key(&id) && !self.finalizing.contains_key(&id) {
-                    self.begin_finalize(&id, None);
-                }
-            }
-            Notice::CreateRead(r) => self.on_create_read(*r),
-            Notice::PidRead { id, pending, pid } => {
-                let waiting = self.finalizing.remove(&id).unwrap_or_default();
-                self.complete(&id, pending, pid, None, sink);
-                for perm in waiting {
-                    self.release_start(id.clone(), Some(perm));
-                }
-            }
+            Notice::CreateExited(id) => self.step(Input::CreateExited { id }, sink),
+            Notice::CreateRead(r) => self.on_create_read(*r, sink),
+            Notice::Resolved(id, container) => self.step(
+                Input::Resolved {
+                    id,
+                    container: container.map(|c| *c),
+                },
+                sink,
+            ),
             Notice::LateArgv { pid, binary, argv } => {
                 if self.capture.is_some() {
-                    self.shared.error("argv-late");
+                    self.counters.error("argv-late");
                 }
-                self.on_argv(pid, &binary, &argv, None)
+                self.on_argv(pid, &binary, &argv, None, sink)
             }
             Notice::Foreign { pid } => {
-                self.shared.ignored("non-root");
+                self.counters.ignored("non-root");
                 tracing::debug!(pid, "runtime exec by a non-root caller: not a container");
             }
             Notice::Reconcile => {
@@ -883,7 +807,7 @@ impl RuntimeHook {
                 why,
                 after,
             } => {
-                self.shared.count_unread_argv();
+                self.counters.count_unread_argv();
                 if self.unread.is_empty() {
                     self.unread_since = Instant::now();
                 }
@@ -919,171 +843,59 @@ impl RuntimeHook {
                     }
                 }
             }
-            Notice::Observed(obs) => {
-                if let Some(p) = self.pending.remove(&obs.id) {
-                    let (id, pid) = (obs.id.clone(), obs.pid);
-                    self.complete(&id, p, Some(pid), Some(obs), sink);
-                }
-            }
-            Notice::Deleted(id) => {
-                // A container in a sandbox it shares with others (a CRI
-                // pod on runsc) has no process of its own on the host: the
-                // sandbox outlives it, so its exit cannot be seen. Its
-                // deletion is the last word on it.
-                let shared = self.tracked.get(&id).is_some_and(|c| {
-                    c.sandbox.is_some()
-                        && c.pid.is_some()
-                        && self.tracked.values().any(|o| o.id != id && o.pid == c.pid)
-                });
-                if shared && let Some(c) = self.tracked.remove(&id) {
-                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, None));
-                }
-            }
+            Notice::Observed(obs) => self.step(Input::Observed(obs), sink),
+            Notice::Deleted(id) => self.step(Input::Deleted { id }, sink),
             Notice::Exited(id, pid) => {
-                if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
-                    && let Some(c) = self.tracked.remove(&id)
-                {
-                    let code = self
-                        .capture
-                        .as_mut()
-                        .and_then(|cap| cap.take_exit_code(pid));
-                    sink.emit(ContainerEvent::removed(Source::RuntimeHook, c, code));
-                }
+                let code = self
+                    .capture
+                    .as_mut()
+                    .and_then(|cap| cap.take_exit_code(pid));
+                self.step(Input::Exited { id, pid, code }, sink);
             }
         }
     }
 
-    /// Reports pending container `id`: its pid from `seen` (a `run`
-    /// watcher that read the state while the container lived) or from the
-    /// runtime's state / pid file now.
-    /// Reads pending container `id`'s pid off the task, then reports it
-    /// (`Notice::PidRead`); `start` (when `perm` is set) and any later
-    /// `start` of the same id wait for the report.
-    fn begin_finalize(&mut self, id: &str, perm: Option<Held>) {
-        let Some(p) = self.pending.remove(id) else {
-            if let Some(perm) = perm {
-                perm.allow();
-            }
-            return;
-        };
-        self.finalizing
-            .insert(id.to_owned(), perm.into_iter().collect());
-        let read = self.read_pid(id, &p);
-        let (tx, id) = (self.notices_tx.clone(), id.to_owned());
-        tokio::spawn(async move {
-            let pid = read.await;
-            let _ = tx
-                .send(Notice::PidRead {
-                    id,
-                    pending: p,
-                    pid,
-                })
-                .await;
-        });
-    }
-
-    /// Reports pending container `id` with its `pid` (from a `run` watcher
-    /// that saw it alive, `seen`, or from the runtime's state / pid file).
-    fn complete(
-        &mut self,
-        id: &str,
-        p: Pending,
-        pid: Option<u32>,
-        seen: Option<crate::run_watch::Observed>,
-        sink: &mut dyn Sink,
-    ) {
-        let Some(pid) = pid else { return };
-        // The state names the init process; make sure it is one (a `run`
-        // watcher saw it alive, in its own namespaces, already).
-        let refused = match &seen {
-            None => proc::not_a_container_init(pid),
-            Some(_) if pid <= 1 => Some(format!("pid {pid} is the host's init")),
-            Some(_) => None,
-        };
-        if let Some(why) = refused {
-            self.shared.error("state");
-            self.shared.missed(&p.runtime, "not-a-container-process");
-            tracing::warn!(
-                runtime = %p.runtime,
-                id,
-                pid,
-                why,
-                "the runtime's state names no container process; not reported"
-            );
-            return;
-        }
-        if self.tracked.get(id).and_then(|c| c.pid) == Some(pid) {
-            // Reconciliation got there first.
-            return;
-        }
-        let mut c = Container::new(id, p.runtime.clone());
-        c.bundle = p.bundle.clone();
-        c.runtime_root = Some(p.root.clone());
-        fill(&mut c, pid, p.config.as_ref(), p.status);
-        if let Some(obs) = seen {
-            // The container may be gone already: keep what the watcher saw.
-            if c.namespaces.mnt.is_none() {
-                c.namespaces = obs.namespaces;
-            }
-            if c.cgroup.is_none() {
-                c.cgroup = obs.cgroup;
-            }
-        }
-        self.track(c.clone(), pid);
-        sink.emit(ContainerEvent::added(Source::RuntimeHook, c));
-    }
-
-    /// The pid of pending container `id`, from the runtime's state or its
-    /// pid file, read on a helper thread for at most the answer deadline
-    /// (a pid file on a hung file system costs this container that much,
-    /// and nobody else anything: the task goes on meanwhile).
-    fn read_pid(
-        &self,
-        id: &str,
-        p: &Pending,
-    ) -> impl std::future::Future<Output = Option<u32>> + use<> {
+    /// Reads the pid of pending container `id` and fills the container, on
+    /// a helper thread for at most the answer deadline (a pid file on a
+    /// hung file system costs this container that much, and nobody else
+    /// anything: the task goes on meanwhile), then steps
+    /// `Input::Resolved`. `seen`: a `run` watcher saw it alive.
+    fn spawn_resolve(&self, id: String, p: Pending, seen: Option<Observed>) {
         let host_root = self.config.host_root.clone();
-        let (runtime, root, pid_file) = (p.runtime.clone(), p.root.clone(), p.pid_file.clone());
-        let owned_id = id.to_owned();
-        let kind = runtime.clone();
-        let read = move || match read_state_under(&host_root, &runtime, &root, &owned_id) {
-            Ok(s) => Ok(s.pid),
-            Err(e) => {
-                let why = match pid_file.map(|f| read_pid_file_under(&host_root, &f)) {
-                    Some(Ok(pid)) => return Ok(pid),
-                    Some(Err(pe)) => format!("no state ({e}) and no pid file ({pe})"),
-                    None => format!("no state ({e})"),
-                };
-                // Something of the container is there: not a failed
-                // create, but state this version cannot read.
-                Err((why, leaves_trace(&host_root, &root, &owned_id)))
-            }
-        };
-        let (deadline, shared, id) = (
+        let (deadline, counters, tx) = (
             self.config.answer_deadline,
-            Arc::clone(&self.shared),
-            id.to_owned(),
+            Arc::clone(&self.counters),
+            self.notices_tx.clone(),
         );
-        async move {
-            match crate::oci::bounded_async(deadline, read).await {
-                Ok(Ok(pid)) => Some(pid),
-                Ok(Err((why, false))) => {
+        let (task_id, kind) = (id.clone(), p.runtime.clone());
+        let read = move || resolve(&host_root, &task_id, &p, seen);
+        tokio::spawn(async move {
+            let container = match crate::oci::bounded_async(deadline, read).await {
+                Ok(Ok(c)) => Some(Box::new(c)),
+                Ok(Err(Unresolved::Failed(why))) => {
                     tracing::debug!(id, why, "no pid: the create failed");
                     None
                 }
-                Ok(Err((why, true))) => {
-                    shared.missed(&kind, "unreadable-state");
+                Ok(Err(Unresolved::Missed {
+                    runtime,
+                    reason,
+                    why,
+                })) => {
+                    counters.missed(&runtime, reason);
+                    if reason != "unreadable-state" {
+                        counters.error("state");
+                    }
                     tracing::warn!(
-                        runtime = %kind,
+                        runtime = %runtime,
                         id,
                         why,
-                        "the runtime made a container whose state cannot be read; not reported"
+                        "the runtime made a container lookout cannot report: {reason}"
                     );
                     None
                 }
                 Err(why) => {
-                    shared.error("state");
-                    shared.missed(&kind, "state-timeout");
+                    counters.error("state");
+                    counters.missed(&kind, "state-timeout");
                     tracing::warn!(
                         runtime = %kind,
                         id,
@@ -1092,27 +904,112 @@ impl RuntimeHook {
                     );
                     None
                 }
-            }
+            };
+            let _ = tx.send(Notice::Resolved(id, container)).await;
+        });
+    }
+}
+
+/// Why a pending container yields nothing to report.
+enum Unresolved {
+    /// The create failed: nothing of the container is left.
+    Failed(String),
+    /// The runtime made a container that cannot be reported, for `reason`
+    /// (a [`Observer::missed`] label).
+    Missed {
+        runtime: RuntimeKind,
+        reason: &'static str,
+        why: String,
+    },
+}
+
+/// The pid of pending container `id` (from `seen`, the runtime's state or
+/// its pid file), checked to be a container's init, and the container
+/// filled from it. Blocking: runs on a helper thread.
+fn resolve(
+    host_root: &Path,
+    id: &str,
+    p: &Pending,
+    seen: Option<Observed>,
+) -> Result<Container, Unresolved> {
+    let missed = |reason, why| Unresolved::Missed {
+        runtime: p.runtime.clone(),
+        reason,
+        why,
+    };
+    let pid = match &seen {
+        Some(obs) => obs.pid,
+        None => match read_state_under(host_root, &p.runtime, &p.root, id) {
+            Ok(s) => s.pid,
+            Err(e) => match p
+                .pid_file
+                .as_ref()
+                .map(|f| read_pid_file_under(host_root, f))
+            {
+                Some(Ok(pid)) => pid,
+                Some(Err(pe)) => {
+                    return Err(unreadable(
+                        host_root,
+                        p,
+                        id,
+                        format!(
+                            "no state ({}) and no pid file ({})",
+                            lookout_model::Chain(&e),
+                            lookout_model::Chain(&pe)
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(unreadable(
+                        host_root,
+                        p,
+                        id,
+                        format!("no state ({})", lookout_model::Chain(&e)),
+                    ));
+                }
+            },
+        },
+    };
+    // The state names the init process; make sure it is one (a `run`
+    // watcher saw it alive, in its own namespaces, already).
+    let refused = match &seen {
+        None => proc::not_a_container_init(pid),
+        Some(_) if pid <= 1 => Some(format!("pid {pid} is the host's init")),
+        Some(_) => None,
+    };
+    if let Some(why) = refused {
+        return Err(missed(
+            "not-a-container-process",
+            format!("pid {pid}: {why}"),
+        ));
+    }
+    let mut c = Container::new(id, p.runtime.clone());
+    c.bundle = p.bundle.clone();
+    c.runtime_root = Some(p.root.clone());
+    fill(&mut c, pid, p.config.as_ref(), p.status);
+    if let Some(obs) = seen {
+        // The container may be gone already: keep what the watcher saw.
+        if c.namespaces.mnt.is_none() {
+            c.namespaces = obs.namespaces;
+        }
+        if c.cgroup.is_none() {
+            c.cgroup = obs.cgroup;
         }
     }
+    Ok(c)
+}
 
-    fn track(&mut self, c: Container, pid: u32) {
-        if let Some(cap) = self.capture.as_mut() {
-            cap.watch_exit(pid);
+/// No state and no pid file: a failed create, unless something of the
+/// container is there (then this version cannot read the runtime's state).
+fn unreadable(host_root: &Path, p: &Pending, id: &str, why: String) -> Unresolved {
+    if leaves_trace(host_root, &p.root, id) {
+        Unresolved::Missed {
+            runtime: p.runtime.clone(),
+            reason: "unreadable-state",
+            why,
         }
-        self.spawn_exit_wait(pid, Notice::Exited(c.id.clone(), pid));
-        self.tracked.insert(c.id.clone(), c);
-    }
-
-    fn sweep(&mut self) {
-        let before = self.pending.len();
-        self.pending.retain(|_, p| p.since.elapsed() < PENDING_TTL);
-        if self.pending.len() < before {
-            tracing::debug!(
-                dropped = before - self.pending.len(),
-                "dropped stale pending creates"
-            );
-        }
+    } else {
+        Unresolved::Failed(why)
     }
 }
 
@@ -1222,26 +1119,6 @@ async fn follow_exec(u: Unseen) -> Notice {
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_millis(2));
-    }
-}
-
-pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
-    c.pid = Some(pid);
-    c.status = status;
-    if c.runtime == RuntimeKind::Runsc {
-        c.sandbox = Some("gvisor".into());
-    }
-    c.namespaces = proc::namespaces(pid);
-    c.cgroup = proc::cgroup(pid);
-    if let Some(cfg) = config {
-        c.annotations = cfg.annotations.clone();
-        c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
-        c.hostname = cfg.hostname.clone();
-        c.args = cfg
-            .process
-            .as_ref()
-            .map(|p| p.args.clone())
-            .unwrap_or_default();
     }
 }
 

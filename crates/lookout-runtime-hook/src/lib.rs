@@ -29,22 +29,24 @@
 pub mod argv;
 pub mod btf;
 mod capture;
+mod container;
 mod gate;
 mod hook;
+mod lifecycle;
 pub mod oci;
 mod pidfd;
 mod run_watch;
 mod scan;
 pub mod state;
+mod stats;
 pub mod untrusted;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
-pub use gate::Health;
-pub use hook::{
-    Config, Observer, Rescan, RuntimeHook, Sink, StartBarrier, StartDecision, StartWait, Stats,
-};
+pub use hook::{Config, Rescan, RuntimeHook, StartBarrier, StartDecision, StartWait};
+pub use lookout_model::Sink;
 pub use lookout_model::proc;
 pub use scan::{Scanner, scan_state, scan_state_in};
+pub use stats::{Health, Observer, Stats};
 
 use std::path::PathBuf;
 
@@ -57,9 +59,19 @@ pub enum Error {
     /// fanotify setup failed.
     #[error(transparent)]
     Fanotify(lookout_fanotify::Error),
-    /// BPF setup failed.
-    #[error("BPF argv capture: {0}")]
-    Bpf(String),
+    /// BPF setup failed: `what` was being done.
+    #[error("BPF argv capture: {what}")]
+    Bpf {
+        /// What failed (loading the object, attaching a program, a map).
+        what: String,
+        /// The loader's error, if the failure came from one (a program or
+        /// map missing from the object has none).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The permission thread could not be started.
+    #[error("starting the permission thread")]
+    Thread(#[source] std::io::Error),
     /// A config.json could not be used.
     #[error("config {}: {reason}", path.display())]
     Config {

@@ -32,6 +32,20 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A future that completes when process `pid` exits, or at once if it is
+/// gone already. The pidfd is opened now (not when the future is first
+/// polled), so that a pid reused meanwhile is never waited for.
+pub fn exit_of(pid: u32) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let fd = pidfd_open(pid).ok();
+    async move {
+        if let Some(fd) = fd {
+            // A registration that fails counts as an exit: the caller
+            // rechecks what it tracks, and never waits forever.
+            let _ = wait_exit(fd).await;
+        }
+    }
+}
+
 /// Whether the process behind `pidfd` has exited (a zombie counts), without
 /// waiting.
 pub fn has_exited(pidfd: &OwnedFd) -> bool {

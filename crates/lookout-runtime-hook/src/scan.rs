@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
+use lookout_model::{Container, ContainerEvent, RuntimeKind, Sink, Source, Status};
 use tokio::sync::mpsc;
 
-use crate::hook::{Sink, fill};
+use crate::container::fill;
 use crate::oci::read_config_within;
 
 /// How long a scan waits for one bundle's config.json (a hung file system
@@ -16,10 +16,6 @@ use crate::oci::read_config_within;
 const SCAN_CONFIG_DEADLINE: Duration = Duration::from_secs(1);
 use crate::state::{read_state_under, scan_roots};
 use crate::{argv, pidfd, proc};
-
-fn host(root: &Path, p: &Path) -> PathBuf {
-    root.join(p.strip_prefix("/").unwrap_or(p))
-}
 
 /// Containers whose state files name a live process (start time checked
 /// against pid reuse), skipping ids for which `known` is true.
@@ -42,7 +38,7 @@ pub fn scan_state_in(
         }
     }
     for (runtime, root) in roots {
-        let Ok(entries) = std::fs::read_dir(host(host_root, &root)) else {
+        let Ok(entries) = std::fs::read_dir(lookout_model::host_path(host_root, &root)) else {
             continue;
         };
         for e in entries.flatten() {
@@ -150,19 +146,11 @@ impl Scanner {
                     for c in scan_state(&self.host_root, &|id| tracked.contains_key(id)) {
                         let Some(pid) = c.pid else { continue };
                         self.tracked.insert(c.id.clone(), pid);
-                        let tx = tx.clone();
-                        let gone = c.clone();
-                        match pidfd::pidfd_open(pid) {
-                            Ok(fd) => {
-                                tokio::spawn(async move {
-                                    let _ = pidfd::wait_exit(fd).await;
-                                    let _ = tx.send((gone, pid)).await;
-                                });
-                            }
-                            Err(_) => {
-                                let _ = tx.try_send((gone, pid));
-                            }
-                        }
+                        let (tx, gone, exited) = (tx.clone(), c.clone(), pidfd::exit_of(pid));
+                        tokio::spawn(async move {
+                            exited.await;
+                            let _ = tx.send((gone, pid)).await;
+                        });
                         sink.emit(ContainerEvent::added(Source::StateScan, c));
                     }
                 }

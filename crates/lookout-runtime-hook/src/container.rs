@@ -1,0 +1,31 @@
+//! Filling a [`Container`] from its init process and its config.json. A
+//! leaf module: the hook and the scan both use it.
+
+use lookout_model::{Container, RuntimeKind, Status};
+
+use crate::oci::OciConfig;
+use crate::proc;
+
+/// Sets what the init process `pid` and the bundle's `config` tell about
+/// `c`: pid, status, namespaces, cgroup, annotations (and the Kubernetes
+/// identity in them), hostname and args. Reads /proc: call it off the
+/// hook's task.
+pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
+    c.pid = Some(pid);
+    c.status = status;
+    if c.runtime == RuntimeKind::Runsc {
+        c.sandbox = Some("gvisor".into());
+    }
+    c.namespaces = proc::namespaces(pid);
+    c.cgroup = proc::cgroup(pid);
+    if let Some(cfg) = config {
+        c.annotations = cfg.annotations.clone();
+        c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
+        c.hostname = cfg.hostname.clone();
+        c.args = cfg
+            .process
+            .as_ref()
+            .map(|p| p.args.clone())
+            .unwrap_or_default();
+    }
+}

@@ -1,0 +1,591 @@
+//! The container lifecycle as a pure state machine.
+//!
+//! The hook's task turns what it sees (runtime execs, the exit of a
+//! `create` process, a pid read off the task, an init's exit) into
+//! [`Input`]s, and [`Lifecycle::step`] returns the [`Effect`]s to carry out
+//! (read a pid off the task, watch an exit, emit an event, let a `start`
+//! go on). `step` does no I/O and reads no clock, so every transition is
+//! unit-tested here without root, a runtime or a tokio runtime.
+//!
+//! ```text
+//!             Created            CreateExited / Start / Observed
+//!   (none) ───────────▶ pending ─────────────────────────────────▶ resolving
+//!                          │ Sweep (older than the TTL)                 │ Resolved(Some)
+//!                          ▼                                            ▼
+//!                       (none)          Exited(same pid) / Deleted    tracked
+//!                                    ◀────────────────────────────────  │
+//!   Found (a state scan) ──────────────────────────────────────────────▶┘
+//! ```
+//!
+//! The one ordering rule: a `start` held while its container is pending or
+//! resolving is released only *after* the container's `added` event (the
+//! effects come in that order), so no container runs its first
+//! instruction before it is reported.
+//!
+//! The held `start` is a type parameter (`P`): the hook passes its held
+//! permission events, the tests plain numbers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
+
+use crate::oci::OciConfig;
+use crate::run_watch::Observed;
+
+/// With this many containers pending, a `create` drops the ones older
+/// than [`PENDING_TTL`] first.
+pub(crate) const MAX_PENDING: usize = 4096;
+/// A pending container whose `create` never ended is forgotten after this.
+pub(crate) const PENDING_TTL: Duration = Duration::from_secs(60);
+
+/// A container seen at `create`/`run`, not yet reported.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    /// The runtime that creates it.
+    pub runtime: RuntimeKind,
+    /// The runtime's state root (`--root`), as the runtime sees it.
+    pub root: PathBuf,
+    /// The bundle, when known.
+    pub bundle: Option<PathBuf>,
+    /// The `--pid-file`, as the runtime sees it.
+    pub pid_file: Option<PathBuf>,
+    /// The bundle's config.json, when it could be read.
+    pub config: Option<OciConfig>,
+    /// `created` (for `create`) or `running` (for `run`).
+    pub status: Status,
+    /// When the `create` was seen.
+    pub since: Instant,
+}
+
+/// What the hook learned.
+// Moved once, from the notice that carried it to `step`: its size costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Input<P> {
+    /// A `create` or `run` of `id` (its config.json read, or not).
+    Created { id: String, pending: Pending },
+    /// The `create` process of `id` ended: the state names the pid now.
+    CreateExited { id: String },
+    /// A `run` watcher saw `id` running.
+    Observed(Observed),
+    /// The runtime was asked to `start` `id`. `perm` is the held exec,
+    /// `None` when it was allowed already (fanotify-only mode).
+    Start { id: String, perm: Option<P> },
+    /// The pid of `id` was read and the container filled; `None` when
+    /// there is nothing to report (a failed create, unreadable state, a
+    /// pid that is no container's).
+    Resolved {
+        id: String,
+        container: Option<Container>,
+    },
+    /// Containers found in the state directories (a scan or a
+    /// reconciliation).
+    Found(Vec<Container>),
+    /// The init process `pid` of `id` exited, with `code` when known.
+    Exited {
+        id: String,
+        pid: u32,
+        code: Option<i32>,
+    },
+    /// The runtime was asked to delete `id`.
+    Deleted { id: String },
+    /// Forget pending containers older than [`PENDING_TTL`] at `now`.
+    Sweep { now: Instant },
+}
+
+/// What the hook must do, in this order.
+#[derive(Debug)]
+pub(crate) enum Effect<P> {
+    /// Read the pid of `id` (from `seen`, or the runtime's state or pid
+    /// file), fill the container, and step [`Input::Resolved`]. Off the
+    /// task: the files may be on a hung file system.
+    Resolve {
+        id: String,
+        pending: Pending,
+        seen: Option<Observed>,
+    },
+    /// Watch the exit of `pid`, the init of `id`, and step
+    /// [`Input::Exited`] when it comes.
+    WatchExit { id: String, pid: u32 },
+    /// Hand this event to the sink.
+    Emit(ContainerEvent),
+    /// Let the held `start` of `id` go on (after its start barrier).
+    /// `pid` is the container's init, to kill if the barrier denies it.
+    ReleaseStart {
+        id: String,
+        pid: Option<u32>,
+        perm: P,
+    },
+}
+
+/// The containers the hook knows, by id, in the three states.
+#[derive(Debug)]
+pub(crate) struct Lifecycle<P> {
+    /// Seen at `create`/`run`, not reported.
+    pending: HashMap<String, Pending>,
+    /// Their pid is being read; the `start`s that wait for the report.
+    resolving: HashMap<String, Vec<P>>,
+    /// Reported, with a live init.
+    tracked: HashMap<String, Container>,
+}
+
+impl<P> Default for Lifecycle<P> {
+    fn default() -> Self {
+        Lifecycle {
+            pending: HashMap::new(),
+            resolving: HashMap::new(),
+            tracked: HashMap::new(),
+        }
+    }
+}
+
+impl<P> Lifecycle<P> {
+    /// Whether `id` is pending, resolving or tracked (a scan must not
+    /// report it again).
+    pub fn knows(&self, id: &str) -> bool {
+        self.tracked.contains_key(id)
+            || self.pending.contains_key(id)
+            || self.resolving.contains_key(id)
+    }
+
+    /// The reported containers.
+    pub fn tracked(&self) -> impl Iterator<Item = &Container> {
+        self.tracked.values()
+    }
+
+    /// Whether `id` is tracked and runs in a sandbox (its `delete` matters).
+    pub fn is_sandboxed(&self, id: &str) -> bool {
+        self.tracked.get(id).is_some_and(|c| c.sandbox.is_some())
+    }
+
+    /// How many containers are pending, resolving and tracked.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.pending.len(), self.resolving.len(), self.tracked.len())
+    }
+
+    /// Applies `input` and returns what to do.
+    pub fn step(&mut self, input: Input<P>) -> Vec<Effect<P>> {
+        let mut out = Vec::new();
+        match input {
+            Input::Created { id, pending } => {
+                // Reported already (reconciliation was first), or a create
+                // that fails: runc refuses an id that exists.
+                if self.tracked.contains_key(&id) || self.resolving.contains_key(&id) {
+                    return out;
+                }
+                if self.pending.len() >= MAX_PENDING {
+                    self.sweep(pending.since);
+                }
+                // Only host root's execs get here: a root that floods
+                // creates is not refused (that would hide a real one).
+                self.pending.insert(id, pending);
+            }
+            Input::CreateExited { id } => self.resolve(id, None, None, &mut out),
+            Input::Observed(seen) => {
+                let id = seen.id.clone();
+                self.resolve(id, None, Some(seen), &mut out);
+            }
+            Input::Start { id, perm } => {
+                if let Some(waiting) = self.resolving.get_mut(&id) {
+                    waiting.extend(perm);
+                } else if self.pending.contains_key(&id) {
+                    self.resolve(id, perm, None, &mut out);
+                } else if let Some(perm) = perm {
+                    let pid = self.tracked.get(&id).and_then(|c| c.pid);
+                    out.push(Effect::ReleaseStart { id, pid, perm });
+                }
+            }
+            Input::Resolved { id, container } => {
+                let waiting = self.resolving.remove(&id).unwrap_or_default();
+                let mut pid = None;
+                if let Some(c) = container
+                    && let Some(p) = c.pid
+                {
+                    pid = Some(p);
+                    let known = self.tracked.get(&id).and_then(|t| t.pid) == Some(p);
+                    if !known {
+                        self.track(c, p, Source::RuntimeHook, &mut out);
+                    }
+                }
+                for perm in waiting {
+                    out.push(Effect::ReleaseStart {
+                        id: id.clone(),
+                        pid,
+                        perm,
+                    });
+                }
+            }
+            Input::Found(found) => {
+                for c in found {
+                    if self.knows(&c.id) {
+                        continue;
+                    }
+                    if let Some(p) = c.pid {
+                        self.track(c, p, Source::StateScan, &mut out);
+                    }
+                }
+            }
+            Input::Exited { id, pid, code } => {
+                if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
+                    && let Some(c) = self.tracked.remove(&id)
+                {
+                    out.push(Effect::Emit(ContainerEvent::removed(
+                        Source::RuntimeHook,
+                        c,
+                        code,
+                    )));
+                }
+            }
+            Input::Deleted { id } => {
+                // A container in a sandbox it shares with others (a CRI
+                // pod on runsc) has no process of its own on the host: the
+                // sandbox outlives it, so its exit cannot be seen. Its
+                // deletion is the last word on it.
+                let shares = self.tracked.get(&id).is_some_and(|c| {
+                    c.sandbox.is_some()
+                        && c.pid.is_some()
+                        && self.tracked.values().any(|o| o.id != id && o.pid == c.pid)
+                });
+                if shares && let Some(c) = self.tracked.remove(&id) {
+                    out.push(Effect::Emit(ContainerEvent::removed(
+                        Source::RuntimeHook,
+                        c,
+                        None,
+                    )));
+                }
+            }
+            Input::Sweep { now } => self.sweep(now),
+        }
+        out
+    }
+
+    /// Moves pending `id` to resolving, with `perm` waiting for it, and
+    /// asks for its pid. A `start` for an id that is not pending goes on.
+    fn resolve(
+        &mut self,
+        id: String,
+        perm: Option<P>,
+        seen: Option<Observed>,
+        out: &mut Vec<Effect<P>>,
+    ) {
+        if self.resolving.contains_key(&id) {
+            // Its pid is being read already; `perm` waits for that.
+            self.resolving.entry(id).or_default().extend(perm);
+            return;
+        }
+        let Some(pending) = self.pending.remove(&id) else {
+            if let Some(perm) = perm {
+                let pid = self.tracked.get(&id).and_then(|c| c.pid);
+                out.push(Effect::ReleaseStart { id, pid, perm });
+            }
+            return;
+        };
+        self.resolving
+            .insert(id.clone(), perm.into_iter().collect());
+        out.push(Effect::Resolve { id, pending, seen });
+    }
+
+    fn track(&mut self, c: Container, pid: u32, source: Source, out: &mut Vec<Effect<P>>) {
+        out.push(Effect::WatchExit {
+            id: c.id.clone(),
+            pid,
+        });
+        self.tracked.insert(c.id.clone(), c.clone());
+        out.push(Effect::Emit(ContainerEvent::added(source, c)));
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        let before = self.pending.len();
+        self.pending
+            .retain(|_, p| now.saturating_duration_since(p.since) < PENDING_TTL);
+        if self.pending.len() < before {
+            tracing::debug!(
+                dropped = before - self.pending.len(),
+                "dropped stale pending creates"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lookout_model::EventKind;
+
+    type L = Lifecycle<u32>;
+
+    fn pending(at: Instant) -> Pending {
+        Pending {
+            runtime: RuntimeKind::Runc,
+            root: PathBuf::from("/run/runc"),
+            bundle: Some(PathBuf::from("/b")),
+            pid_file: None,
+            config: None,
+            status: Status::Created,
+            since: at,
+        }
+    }
+
+    fn container(id: &str, pid: u32) -> Container {
+        let mut c = Container::new(id, RuntimeKind::Runc);
+        c.pid = Some(pid);
+        c
+    }
+
+    fn created(l: &mut L, id: &str, at: Instant) {
+        let e = l.step(Input::Created {
+            id: id.into(),
+            pending: pending(at),
+        });
+        assert!(e.is_empty(), "{e:?}");
+    }
+
+    /// A compact trace of effects: `resolve:a`, `watch:a:7`,
+    /// `added:a`/`removed:a`, `start:a:<perm>`.
+    fn trace(effects: &[Effect<u32>]) -> Vec<String> {
+        effects
+            .iter()
+            .map(|e| match e {
+                Effect::Resolve { id, seen, .. } => {
+                    format!("resolve:{id}{}", if seen.is_some() { ":seen" } else { "" })
+                }
+                Effect::WatchExit { id, pid } => format!("watch:{id}:{pid}"),
+                Effect::Emit(ev) => {
+                    let kind = match ev.event {
+                        EventKind::Added => "added",
+                        EventKind::Removed => "removed",
+                    };
+                    format!("{kind}:{}", ev.container.id)
+                }
+                Effect::ReleaseStart { id, perm, .. } => format!("start:{id}:{perm}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn create_then_exit_then_pid_reports_and_tracks() {
+        let (mut l, now) = (L::default(), Instant::now());
+        created(&mut l, "a", now);
+        assert!(l.knows("a"));
+        let e = l.step(Input::CreateExited { id: "a".into() });
+        assert_eq!(trace(&e), ["resolve:a"]);
+        assert!(
+            l.knows("a"),
+            "resolving is known: a scan must not report it"
+        );
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 7)),
+        });
+        assert_eq!(trace(&e), ["watch:a:7", "added:a"]);
+        assert_eq!(l.counts(), (0, 0, 1));
+    }
+
+    #[test]
+    fn a_start_before_the_report_goes_on_only_after_added() {
+        let (mut l, now) = (L::default(), Instant::now());
+        created(&mut l, "a", now);
+        // `start` comes while the create process still runs (or before its
+        // exit was seen): it resolves the container and waits.
+        let e = l.step(Input::Start {
+            id: "a".into(),
+            perm: Some(1),
+        });
+        assert_eq!(trace(&e), ["resolve:a"]);
+        // A second `start` of the same id waits too, and the create's exit
+        // asks for nothing more.
+        assert!(
+            l.step(Input::Start {
+                id: "a".into(),
+                perm: Some(2)
+            })
+            .is_empty()
+        );
+        assert!(l.step(Input::CreateExited { id: "a".into() }).is_empty());
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 7)),
+        });
+        assert_eq!(
+            trace(&e),
+            ["watch:a:7", "added:a", "start:a:1", "start:a:2"]
+        );
+        match &e[2] {
+            Effect::ReleaseStart { pid, .. } => assert_eq!(*pid, Some(7)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_start_of_a_reported_or_unknown_container_goes_on_at_once() {
+        let (mut l, now) = (L::default(), Instant::now());
+        let e = l.step(Input::Start {
+            id: "nobody".into(),
+            perm: Some(3),
+        });
+        assert_eq!(trace(&e), ["start:nobody:3"]);
+        created(&mut l, "a", now);
+        l.step(Input::CreateExited { id: "a".into() });
+        l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 7)),
+        });
+        let e = l.step(Input::Start {
+            id: "a".into(),
+            perm: Some(4),
+        });
+        assert_eq!(trace(&e), ["start:a:4"]);
+        // Allowed already (fanotify-only mode): nothing to release.
+        assert!(
+            l.step(Input::Start {
+                id: "a".into(),
+                perm: None
+            })
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_failed_create_releases_its_starts_and_reports_nothing() {
+        let (mut l, now) = (L::default(), Instant::now());
+        created(&mut l, "a", now);
+        l.step(Input::Start {
+            id: "a".into(),
+            perm: Some(1),
+        });
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: None,
+        });
+        assert_eq!(trace(&e), ["start:a:1"]);
+        assert!(!l.knows("a"));
+    }
+
+    #[test]
+    fn reconciliation_first_means_no_second_report() {
+        let (mut l, now) = (L::default(), Instant::now());
+        created(&mut l, "a", now);
+        l.step(Input::CreateExited { id: "a".into() });
+        // The scan skips what is known...
+        assert!(l.step(Input::Found(vec![container("a", 7)])).is_empty());
+        // ...and a container the scan reported first is not reported again.
+        let e = l.step(Input::Found(vec![container("b", 8)]));
+        assert_eq!(trace(&e), ["watch:b:8", "added:b"]);
+        assert_eq!(e.len(), 2);
+        match &e[1] {
+            Effect::Emit(ev) => assert_eq!(ev.source, Source::StateScan),
+            other => panic!("{other:?}"),
+        }
+        created(&mut l, "b", now);
+        assert!(!l.pending.contains_key("b"), "a tracked id is not pending");
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 7)),
+        });
+        assert_eq!(trace(&e), ["watch:a:7", "added:a"]);
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 7)),
+        });
+        assert!(e.is_empty(), "same id and pid: reported once, {e:?}");
+    }
+
+    #[test]
+    fn exit_removes_only_the_same_pid() {
+        let (mut l, _) = (L::default(), Instant::now());
+        l.step(Input::Found(vec![container("a", 7)]));
+        // A stale exit (a reused id with another pid) changes nothing.
+        let e = l.step(Input::Exited {
+            id: "a".into(),
+            pid: 6,
+            code: Some(1),
+        });
+        assert!(e.is_empty());
+        let e = l.step(Input::Exited {
+            id: "a".into(),
+            pid: 7,
+            code: Some(3),
+        });
+        assert_eq!(trace(&e), ["removed:a"]);
+        match &e[0] {
+            Effect::Emit(ev) => assert_eq!(ev.exit_code, Some(3)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!l.knows("a"));
+        // Exactly once.
+        assert!(
+            l.step(Input::Exited {
+                id: "a".into(),
+                pid: 7,
+                code: None
+            })
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn run_is_resolved_from_what_its_watcher_saw() {
+        let (mut l, now) = (L::default(), Instant::now());
+        let mut p = pending(now);
+        p.status = Status::Running;
+        l.step(Input::Created {
+            id: "r".into(),
+            pending: p,
+        });
+        let seen = Observed {
+            id: "r".into(),
+            pid: 9,
+            namespaces: Default::default(),
+            cgroup: None,
+        };
+        let e = l.step(Input::Observed(seen.clone()));
+        assert_eq!(trace(&e), ["resolve:r:seen"]);
+        // A second observation of the same id asks for nothing.
+        assert!(l.step(Input::Observed(seen)).is_empty());
+    }
+
+    #[test]
+    fn deleting_a_container_that_shares_its_sandbox_removes_it() {
+        let mut l = L::default();
+        let mut sandbox = container("pod", 5);
+        sandbox.sandbox = Some("gvisor".into());
+        let mut app = container("app", 5);
+        app.sandbox = Some("gvisor".into());
+        l.step(Input::Found(vec![sandbox, app]));
+        assert!(l.is_sandboxed("app"));
+        let e = l.step(Input::Deleted { id: "app".into() });
+        assert_eq!(trace(&e), ["removed:app"]);
+        // The last one in the sandbox ends with its init's exit instead.
+        assert!(l.step(Input::Deleted { id: "pod".into() }).is_empty());
+        // A container with its own init (runc) is never removed by delete.
+        l.step(Input::Found(vec![container("own", 11)]));
+        assert!(!l.is_sandboxed("own"));
+        assert!(l.step(Input::Deleted { id: "own".into() }).is_empty());
+    }
+
+    #[test]
+    fn stale_pending_creates_are_swept_and_a_full_table_sweeps_first() {
+        let (mut l, t0) = (L::default(), Instant::now());
+        created(&mut l, "old", t0);
+        l.step(Input::Sweep {
+            now: t0 + PENDING_TTL / 2,
+        });
+        assert!(l.knows("old"));
+        l.step(Input::Sweep {
+            now: t0 + PENDING_TTL,
+        });
+        assert!(!l.knows("old"));
+        // A full table sweeps before it grows.
+        for i in 0..MAX_PENDING {
+            created(&mut l, &format!("c{i}"), t0);
+        }
+        created(&mut l, "extra", t0);
+        assert_eq!(l.counts(), (MAX_PENDING + 1, 0, 0));
+        created(&mut l, "later", t0 + PENDING_TTL);
+        assert!(l.knows("later"));
+        assert_eq!(l.counts(), (1, 0, 0));
+    }
+}

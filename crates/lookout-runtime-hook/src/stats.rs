@@ -1,0 +1,306 @@
+//! Counters, statistics and health: what the hook tells metrics. A leaf
+//! module: the permission thread (`gate`) and the hook's task (`hook`)
+//! both use it, and it uses neither.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lookout_fanotify::Permission;
+
+/// Sees what the hook does, for metrics. Called on the thread that answers
+/// permission events: keep it cheap (atomics).
+pub trait Observer: Send + Sync {
+    /// A permission event was answered after `elapsed`.
+    fn answered(&self, elapsed: Duration);
+    /// Something went wrong and was skipped; `kind` is a short stable label
+    /// (`argv`, `argv-unread`, `config`, `overflow`, `read`, `mark`).
+    fn error(&self, kind: &'static str);
+    /// A container was found only by reconciling the state directories
+    /// after runtime execs whose argv could not be read (fanotify-only
+    /// mode); it was reported late.
+    fn recovered(&self) {}
+    /// A runtime exec was allowed and not followed, for `reason`
+    /// (`non-root`: its caller is not host root).
+    fn ignored(&self, reason: &'static str) {
+        let _ = reason;
+    }
+    /// A runtime exec that should have made a container did not yield one
+    /// lookout can report, for `reason` (`unreadable-state`: the runtime
+    /// left state that cannot be read or parsed, in a layout this version
+    /// may not know; `state-timeout`; `not-a-container-process`). Logged at
+    /// warn level too.
+    fn missed(&self, runtime: &str, reason: &'static str) {
+        let _ = (runtime, reason);
+    }
+    /// A runtime exec came without a BPF argv record (fanotify-only mode,
+    /// a caller other than host root, or a runtime re-exec the hook did
+    /// not recognise): it was allowed at once and followed through /proc.
+    fn without_argv(&self) {}
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// Permission events answered.
+    pub answered: u64,
+    /// Runtime execs without a BPF argv record (in fanotify-only mode,
+    /// every runtime exec).
+    pub missing_argv: u64,
+    /// fanotify-only mode: runtime execs whose argv could not be read from
+    /// /proc either (the process ended first, or an exec flood). Each one
+    /// triggers a reconciliation from the state directories.
+    pub unread_argv: u64,
+    /// Containers that only reconciliation found (reported late, source
+    /// `state-scan`): without it they would have been missed.
+    pub recovered: u64,
+    /// Runtime execs allowed and not followed because their caller is not
+    /// host root (they cannot make a rootful container).
+    pub ignored: u64,
+    /// Errors (bad argv, config, state) that were logged and skipped.
+    pub errors: u64,
+    /// The slowest answer, in microseconds.
+    pub slowest_answer_us: u64,
+}
+
+/// Nanoseconds since `base`, plus one (0 marks a free slot).
+pub(crate) fn stamp(base: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(base).as_nanos() as u64 + 1
+}
+
+/// Permission events handed to the hook's task and not answered yet, in
+/// fixed slots of atomics: the permission thread registers one without a
+/// lock, whoever answers clears it, and `/healthz` reads the oldest.
+pub(crate) struct Outstanding {
+    pub(crate) base: Instant,
+    slots: Box<[AtomicU64]>,
+}
+
+/// One registered event; clears its slot when dropped.
+pub(crate) struct Slot {
+    registry: Arc<Outstanding>,
+    index: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.registry.slots[self.index].store(0, Ordering::Release);
+    }
+}
+
+impl Outstanding {
+    /// Slots: more events outstanding at once are not tracked (the
+    /// oldest ones are, which is what health needs).
+    const SLOTS: usize = 256;
+
+    pub(crate) fn new(base: Instant) -> Outstanding {
+        Outstanding {
+            base,
+            slots: (0..Self::SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub(crate) fn enter(self: &Arc<Self>, since: Instant) -> Option<Slot> {
+        let v = stamp(self.base, since);
+        self.slots.iter().enumerate().find_map(|(index, s)| {
+            s.compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
+                .ok()
+                .map(|_| Slot {
+                    registry: Arc::clone(self),
+                    index,
+                })
+        })
+    }
+
+    fn oldest(&self) -> Option<Duration> {
+        let min = self
+            .slots
+            .iter()
+            .map(|s| s.load(Ordering::Acquire))
+            .filter(|&v| v != 0)
+            .min()?;
+        let now = stamp(self.base, Instant::now());
+        Some(Duration::from_nanos(now.saturating_sub(min)))
+    }
+}
+
+/// What `/healthz` needs to know about the runtime hook, readable from any
+/// thread without a lock. Get one with
+/// [`RuntimeHook::health`](crate::RuntimeHook::health).
+#[derive(Clone)]
+pub struct Health {
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("oldest_unanswered", &self.oldest_unanswered())
+            .field("permission_thread_busy", &self.permission_thread_busy())
+            .finish()
+    }
+}
+
+impl Health {
+    /// How long the oldest permission event handed to the hook's task
+    /// (`create`, `run`, `start`) has waited for its answer; `None` when
+    /// none waits. A `start` held for prestart hooks waits up to the
+    /// start barrier's cap by design.
+    pub fn oldest_unanswered(&self) -> Option<Duration> {
+        self.counters.outstanding.oldest()
+    }
+
+    /// How long the permission thread has been handling its current batch
+    /// of events; `None` while it waits for events. It answers most events
+    /// in microseconds: a large value means it is stuck.
+    pub fn permission_thread_busy(&self) -> Option<Duration> {
+        let since = self.counters.busy_since.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let now = stamp(self.counters.outstanding.base, Instant::now());
+        Some(Duration::from_nanos(now.saturating_sub(since)))
+    }
+}
+
+/// The hook's counters and health marks, shared by the permission thread
+/// and the hook's task (atomics: no lock on the permission path).
+pub(crate) struct Counters {
+    pub observer: Option<Arc<dyn Observer>>,
+    pub deadline: Duration,
+    answered: AtomicU64,
+    pub(crate) missing_argv: AtomicU64,
+    unread_argv: AtomicU64,
+    recovered: AtomicU64,
+    ignored: AtomicU64,
+    /// See [`Health`].
+    pub(crate) outstanding: Arc<Outstanding>,
+    /// Execs without argv not handed to the task (its queue was full).
+    pub unseen_dropped: AtomicU64,
+    /// When the permission thread started its current batch (a
+    /// [`stamp`]); 0 while it waits in `poll`.
+    pub(crate) busy_since: AtomicU64,
+    errors: AtomicU64,
+    slowest_us: AtomicU64,
+}
+
+impl Counters {
+    pub fn new(observer: Option<Arc<dyn Observer>>, deadline: Duration) -> Counters {
+        Counters {
+            observer,
+            deadline,
+            answered: AtomicU64::new(0),
+            missing_argv: AtomicU64::new(0),
+            unread_argv: AtomicU64::new(0),
+            recovered: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
+            outstanding: Arc::new(Outstanding::new(Instant::now())),
+            busy_since: AtomicU64::new(0),
+            unseen_dropped: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            slowest_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Allows `perm`, read at `since`, and records how long the exec
+    /// waited on us. (Measured before the answer: the write wakes the
+    /// exec'ing task, which may preempt this thread at once on a small
+    /// machine, and that time is not the exec's.)
+    pub fn answer(&self, perm: Permission, since: Instant) {
+        let elapsed = since.elapsed();
+        if let Err(e) = perm.allow() {
+            tracing::warn!(error = %e, "answering a permission event");
+        }
+        self.record(elapsed);
+    }
+
+    /// Records an exec that was answered `since.elapsed()` after it was read.
+    pub fn answered(&self, since: Instant) {
+        self.record(since.elapsed());
+    }
+
+    fn record(&self, elapsed: Duration) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        self.slowest_us
+            .fetch_max(elapsed.as_micros() as u64, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.answered(elapsed);
+        }
+        if elapsed > self.deadline {
+            tracing::warn!(
+                ?elapsed,
+                "a runtime exec waited on lookout longer than the deadline"
+            );
+        }
+    }
+
+    /// Counts a runtime exec whose argv could not be read from /proc
+    /// (see [`Stats::unread_argv`]).
+    pub fn count_unread_argv(&self) {
+        self.unread_argv.fetch_add(1, Ordering::Relaxed);
+        self.error("argv-unread");
+    }
+
+    /// Counts a container a runtime made and lookout could not report.
+    pub fn missed(&self, runtime: &lookout_model::RuntimeKind, reason: &'static str) {
+        if let Some(o) = &self.observer {
+            o.missed(runtime.as_str(), reason);
+        }
+    }
+
+    /// Counts a runtime exec that is not followed, for `reason`.
+    pub fn ignored(&self, reason: &'static str) {
+        self.ignored.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.ignored(reason);
+        }
+    }
+
+    /// Counts a container found by reconciliation.
+    pub fn count_recovered(&self) {
+        self.recovered.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.recovered();
+        }
+    }
+
+    /// Counts a skipped error of `kind` (a short stable label).
+    pub fn error(&self, kind: &'static str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.error(kind);
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            answered: self.answered.load(Ordering::Relaxed),
+            missing_argv: self.missing_argv.load(Ordering::Relaxed),
+            unread_argv: self.unread_argv.load(Ordering::Relaxed),
+            recovered: self.recovered.load(Ordering::Relaxed),
+            ignored: self.ignored.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            slowest_answer_us: self.slowest_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The permission thread starts handling a batch of events.
+    pub fn begin_batch(&self) {
+        self.busy_since.store(
+            stamp(self.outstanding.base, Instant::now()),
+            Ordering::Release,
+        );
+    }
+
+    /// The permission thread is done with its batch and waits again.
+    pub fn end_batch(&self) {
+        self.busy_since.store(0, Ordering::Release);
+    }
+
+    /// A handle for health checks.
+    pub fn health(self: &Arc<Self>) -> Health {
+        Health {
+            counters: Arc::clone(self),
+        }
+    }
+}
