@@ -329,17 +329,23 @@ fn render(json: &Path) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// A line of the API that the code gained or lost against the snapshot.
-#[derive(Debug, PartialEq, Eq)]
-enum Change<'a> {
-    Removed(&'a str),
-    Added(&'a str),
+/// The lines the code lost and gained against the snapshot, each sorted.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Diff<'a> {
+    removed: Vec<&'a str>,
+    added: Vec<&'a str>,
+}
+
+impl Diff<'_> {
+    fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.added.is_empty()
+    }
 }
 
 /// The lines only in `old` and only in `new`, as multisets (a line twice in
-/// one and once in the other is one change), in sorted order, so neither
-/// the files' order nor a trailing newline matters.
-fn diff<'a>(old: &'a str, new: &'a str) -> Vec<Change<'a>> {
+/// one and once in the other is one change), so neither the files' order nor
+/// blank lines matter.
+fn diff<'a>(old: &'a str, new: &'a str) -> Diff<'a> {
     let sorted = |s: &'a str| {
         let mut v: Vec<&str> = s.lines().filter(|l| !l.is_empty()).collect();
         v.sort_unstable();
@@ -347,51 +353,46 @@ fn diff<'a>(old: &'a str, new: &'a str) -> Vec<Change<'a>> {
     };
     let (old, new) = (sorted(old), sorted(new));
     let (mut i, mut j) = (0, 0);
-    let mut changes = Vec::new();
-    while i < old.len() || j < new.len() {
+    let mut d = Diff::default();
+    loop {
         match (old.get(i), new.get(j)) {
+            (None, None) => return d,
             (Some(a), Some(b)) if a == b => {
                 i += 1;
                 j += 1;
             }
             (Some(a), Some(b)) if a < b => {
-                changes.push(Change::Removed(a));
+                d.removed.push(a);
                 i += 1;
             }
             (Some(a), None) => {
-                changes.push(Change::Removed(a));
+                d.removed.push(a);
                 i += 1;
             }
             (_, Some(b)) => {
-                changes.push(Change::Added(b));
+                d.added.push(b);
                 j += 1;
             }
-            (None, None) => unreachable!("the loop runs while one side has lines"),
         }
     }
-    changes
 }
 
-/// `-line` / `+line`, one a line, and a count.
-fn format_diff(changes: &[Change<'_>]) -> String {
+/// The removed lines as `-line`, then the added ones as `+line`, then a
+/// count.
+fn format_diff(d: &Diff<'_>) -> String {
     let mut s = String::new();
-    let (mut removed, mut added) = (0, 0);
-    for c in changes {
-        match c {
-            Change::Removed(l) => {
-                removed += 1;
-                s.push('-');
-                s.push_str(l);
-            }
-            Change::Added(l) => {
-                added += 1;
-                s.push('+');
-                s.push_str(l);
-            }
+    for (sign, lines) in [('-', &d.removed), ('+', &d.added)] {
+        for l in lines.iter() {
+            s.push(sign);
+            s.push_str(l);
+            s.push('\n');
         }
-        s.push('\n');
     }
-    s.push_str(&format!("({removed} removed, {added} added)"));
+    s.push_str(&format!(
+        "({} removed, {} added)",
+        d.removed.len(),
+        d.added.len()
+    ));
     s
 }
 
@@ -401,35 +402,40 @@ mod tests {
 
     #[test]
     fn same_lines_in_another_order_are_no_change() {
-        assert_eq!(diff("b\na\n", "a\nb"), vec![]);
-        assert_eq!(diff("", "\n"), vec![]);
+        assert!(diff("b\na\n", "a\nb").is_empty());
+        assert!(diff("", "\n").is_empty());
+    }
+
+    fn d<'a>(removed: &[&'a str], added: &[&'a str]) -> Diff<'a> {
+        Diff {
+            removed: removed.to_vec(),
+            added: added.to_vec(),
+        }
     }
 
     #[test]
-    fn changes_are_sorted_with_removed_before_added() {
-        let old = "pub fn m::f(u32)\npub struct m::S\npub mod m\n";
+    fn removed_then_added_each_sorted() {
+        let old = "pub fn m::f(u32)\npub struct m::S\npub mod m\npub fn m::z()\n";
         let new = "pub mod m\npub fn m::f(u64)\npub struct m::S\npub const m::C: u8\n";
+        let changes = diff(old, new);
         assert_eq!(
-            diff(old, new),
-            vec![
-                Change::Added("pub const m::C: u8"),
-                Change::Removed("pub fn m::f(u32)"),
-                Change::Added("pub fn m::f(u64)"),
-            ]
+            changes,
+            d(
+                &["pub fn m::f(u32)", "pub fn m::z()"],
+                &["pub const m::C: u8", "pub fn m::f(u64)"]
+            )
         );
         assert_eq!(
-            format_diff(&diff(old, new)),
-            "+pub const m::C: u8\n-pub fn m::f(u32)\n+pub fn m::f(u64)\n(1 removed, 2 added)"
+            format_diff(&changes),
+            "-pub fn m::f(u32)\n-pub fn m::z()\n+pub const m::C: u8\n+pub fn m::f(u64)\n\
+             (2 removed, 2 added)"
         );
     }
 
     #[test]
     fn duplicate_lines_count() {
-        assert_eq!(diff("x\nx\n", "x\n"), vec![Change::Removed("x")]);
-        assert_eq!(
-            diff("x\n", "x\nx\ny\n"),
-            vec![Change::Added("x"), Change::Added("y")]
-        );
+        assert_eq!(diff("x\nx\n", "x\n"), d(&["x"], &[]));
+        assert_eq!(diff("x\n", "x\nx\ny\n"), d(&[], &["x", "y"]));
     }
 
     #[test]
