@@ -208,8 +208,10 @@ pub enum InfoRecord {
     },
 }
 
-/// Which object a file-handle record describes.
+/// Which object a file-handle record describes. Non-exhaustive: the
+/// kernel adds record types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FidKind {
     /// The object itself.
     Fid,

@@ -74,13 +74,17 @@ use std::path::PathBuf;
 /// Errors from this crate. `Read` and `Respond` failures on a live group
 /// are usually transient; `Init` and `Mark` failures describe the system
 /// (missing capability, kernel option, file system) and will repeat.
+///
+/// The errno is the [`source`](std::error::Error::source), not part of the
+/// message: print the error with its sources (anyhow's `{:#}`, or walk
+/// [`std::error::Error::source`]), or use [`Error::errno`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// `fanotify_init` failed. `EPERM`: no `CAP_SYS_ADMIN`; `EINVAL`: a flag
     /// this kernel lacks (for example `FAN_CLASS_CONTENT` without
     /// `CONFIG_FANOTIFY_ACCESS_PERMISSIONS`); `ENOSYS`: no fanotify at all.
-    #[error("fanotify_init(flags={flags:#x}) failed: {source}")]
+    #[error("fanotify_init(flags={flags:#x}) failed")]
     Init {
         /// The flags passed.
         flags: u32,
@@ -89,7 +93,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `fanotify_mark` failed for `path`.
-    #[error("fanotify_mark on {} failed: {source}", path.display())]
+    #[error("fanotify_mark on {} failed", path.display())]
     Mark {
         /// The path (or `/proc/self/fd/N`).
         path: PathBuf,
@@ -98,14 +102,14 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `read` on the group failed.
-    #[error("reading fanotify events failed: {source}")]
+    #[error("reading fanotify events failed")]
     Read {
         /// The errno.
         #[source]
         source: std::io::Error,
     },
     /// Writing a permission response failed.
-    #[error("answering fanotify permission event (fd {fd}) failed: {source}")]
+    #[error("answering fanotify permission event (fd {fd}) failed")]
     Respond {
         /// The event's fd.
         fd: i32,
@@ -145,5 +149,42 @@ impl Error {
             | Error::Respond { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// The message and its source, as a chain printer shows them.
+    fn chain(e: &Error) -> String {
+        let mut s = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            s = format!("{s}: {c}");
+            cause = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn messages_leave_the_errno_to_the_source() {
+        let errno = std::io::Error::from_raw_os_error(libc::EPERM).to_string();
+        let e = Error::Init {
+            flags: 4,
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert_eq!(e.to_string(), "fanotify_init(flags=0x4) failed");
+        assert_eq!(
+            chain(&e),
+            format!("fanotify_init(flags=0x4) failed: {errno}")
+        );
+        assert_eq!(e.errno(), Some(libc::EPERM));
+        let e = Error::Mark {
+            path: PathBuf::from("/usr/bin/runc"),
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert_eq!(chain(&e).matches(&errno).count(), 1, "{}", chain(&e));
     }
 }
