@@ -12,10 +12,12 @@ use lookout_ebpf_common::{
     PROBE_TRACEPOINT_CATEGORY, ProbeEvent,
 };
 
+use crate::chain;
 use crate::report::Fail;
 
 /// The results of the BPF checks.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BpfFacts {
     /// Whether the agent carries its BPF object.
     pub object: Result<String, Fail>,
@@ -36,21 +38,6 @@ impl BpfFacts {
             .find_map(|r| r.as_ref().err())
             .map_or(Ok(()), |f| Err(f.reason.clone()))
     }
-}
-
-/// Formats an error with its whole `source()` chain.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let t = e.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = e.source();
-    }
-    s
 }
 
 fn hint(text: &str) -> &'static str {

@@ -5,6 +5,7 @@ use crate::report::{Mode, Refusal};
 
 /// What each mode depends on; `Err` holds the reason a requirement fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Facts {
     /// Permission events and an exec-permission mark work.
     pub fanotify: Result<(), String>,

@@ -14,6 +14,7 @@ use crate::report::Fail;
 
 /// The results of the fanotify checks.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FanotifyFacts {
     /// `fanotify_init(FAN_CLASS_CONTENT)`.
     pub init: Result<String, Fail>,
@@ -133,7 +134,10 @@ fn exec_mark(group: &Fanotify, runtimes: &[RuntimeBinary]) -> Result<String, Fai
     // Remove at once: a runtime exec that hits the mark now waits for us.
     let removed = group.remove_mark(&path, MarkFlags::empty(), Mask::OPEN_EXEC_PERM);
     if let Err(e) = removed {
-        return Err(Fail::error(format!("removing the probe's mark: {e}")));
+        return Err(Fail::error(format!(
+            "removing the probe's mark: {}",
+            crate::chain(&e)
+        )));
     }
     Ok(format!("FAN_OPEN_EXEC_PERM mark on {}", path.display()))
 }

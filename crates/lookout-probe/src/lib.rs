@@ -131,6 +131,22 @@ impl<'a> ProbeOptions<'a> {
     }
 }
 
+/// Formats an error with its whole `source()` chain, skipping a cause whose
+/// text is already there (aya's and kube's errors repeat their causes).
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let t = e.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = e.source();
+    }
+    s
+}
+
 fn unit(r: &Result<String, Fail>) -> Result<(), String> {
     r.as_ref().map(|_| ()).map_err(|f| f.reason.clone())
 }
@@ -249,4 +265,25 @@ fn runtime_checks(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::chain;
+
+    /// lookout-fanotify leaves the errno to the error's source: the probe's
+    /// details must still show it, once.
+    #[test]
+    fn a_fanotify_error_shows_its_errno_once() {
+        let errno = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        let e = lookout_fanotify::Error::Mark {
+            path: "/usr/bin/runc".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(
+            chain(&e),
+            format!("fanotify_mark on /usr/bin/runc failed: {errno}")
+        );
+        assert_eq!(chain(&e).matches(&errno).count(), 1);
+    }
 }

@@ -31,6 +31,7 @@ impl fmt::Display for Status {
 
 /// One named check with its status and a human-readable detail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Check {
     /// A stable name such as `fanotify:init` or `bpf:tracepoint`.
     pub name: String,
@@ -59,6 +60,7 @@ impl Check {
 
 /// Why a check did not pass: a status (unsupported or error) and a reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Fail {
     /// [`Status::Unsupported`] or [`Status::Error`].
     pub status: Status,
@@ -144,6 +146,7 @@ impl FromStr for Mode {
 
 /// A better mode that was not chosen, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Refusal {
     /// The mode.
     pub mode: Mode,
@@ -153,6 +156,7 @@ pub struct Refusal {
 
 /// Everything the probe found.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProbeReport {
     /// The host root the runtime binaries were looked up under.
     pub host_root: String,

@@ -52,6 +52,7 @@ pub const KNOWN_RUNTIME_PATHS: &[&str] = &[
 
 /// A runtime binary found on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RuntimeBinary {
     /// `runc`, `crun`, ... (the file name).
     pub name: String,
