@@ -135,7 +135,7 @@ fn main() {
             let t = Instant::now();
             let mut buf = Vec::with_capacity(n as usize * 20);
             if let Err(e) = m.snapshot().save(&mut buf) {
-                eprintln!("save: {e}");
+                eprintln!("save: {}", chain(&e));
                 std::process::exit(1);
             }
             let save_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -146,7 +146,7 @@ fn main() {
             match restored {
                 Ok(r) => o.num("restored_entries", r.stats().entries as f64),
                 Err(e) => {
-                    eprintln!("restore: {e}");
+                    eprintln!("restore: {}", chain(&e));
                     std::process::exit(1);
                 }
             }
@@ -180,4 +180,16 @@ mod serde_json_lite {
             format!("{{{}}}", body.join(","))
         }
     }
+}
+
+/// `e` and its causes, `outer: cause: root` (the crate's errors leave
+/// their causes to `source()`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s = format!("{s}: {c}");
+        cause = c.source();
+    }
+    s
 }

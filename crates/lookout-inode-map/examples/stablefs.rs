@@ -275,11 +275,11 @@ fn ensure_dev(st: &mut State, dev: u64, dir: BorrowedFd<'_>, name: &CStr) -> Res
     // nothing in the served tree resolved again.
     let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (_, identity) = probe_device(&proc).map_err(|e| {
-        eprintln!("stablefs: probing device {dev:#x}: {e}");
+        eprintln!("stablefs: probing device {dev:#x}: {}", chain(&e));
         Errno::EIO
     })?;
     st.map.register_device(dev, identity).map_err(|e| {
-        eprintln!("stablefs: {e}");
+        eprintln!("stablefs: {}", chain(&e));
         Errno::EIO
     })?;
     st.devs.insert(dev);
@@ -302,7 +302,7 @@ fn map_file(
         _ => None,
     };
     st.map.map(key, s.stamp(), handle.as_deref()).map_err(|e| {
-        eprintln!("stablefs: {}: {e}", what.display());
+        eprintln!("stablefs: {}: {}", what.display(), chain(&e));
         Errno::EIO
     })
 }
@@ -495,7 +495,11 @@ impl StableFs {
         let Some(path) = &self.snapshot else { return };
         let st = self.lock();
         if let Err(e) = st.map.snapshot().write_file(path) {
-            eprintln!("stablefs: saving the snapshot {}: {e}", path.display());
+            eprintln!(
+                "stablefs: saving the snapshot {}: {}",
+                path.display(),
+                chain(&e)
+            );
         }
     }
 }
@@ -788,7 +792,7 @@ fn main() {
                 path.display()
             ),
             Ok(None) => eprintln!("stablefs: no snapshot at {} yet", path.display()),
-            Err(e) => fail(format_args!("{}: {e}", path.display())),
+            Err(e) => fail(format_args!("{}: {}", path.display(), chain(&e))),
         }
     }
     let mut st = State {
@@ -835,4 +839,16 @@ fn main() {
     if let Err(e) = fuser::mount(fs, mountpoint, &cfg) {
         fail(format_args!("mounting {}: {e}", mountpoint.display()));
     }
+}
+
+/// `e` and its causes, `outer: cause: root` (the crate's errors leave
+/// their causes to `source()`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s = format!("{s}: {c}");
+        cause = c.source();
+    }
+    s
 }

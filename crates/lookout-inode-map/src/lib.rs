@@ -61,6 +61,10 @@ pub use snapshot::{
 use std::path::PathBuf;
 
 /// Errors. None of them leaves the map inconsistent.
+///
+/// An underlying error (a [`SnapshotError`], an [`std::io::Error`]) is the
+/// [`source`](std::error::Error::source), not part of the message: print
+/// the error with its sources (anyhow's `{:#}`, or walk `source()`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -90,17 +94,57 @@ pub enum Error {
     #[error("restore conflict: {0}")]
     Conflict(String),
     /// A snapshot that cannot be used: which defect.
-    #[error("snapshot: {0}")]
-    Snapshot(SnapshotError),
+    #[error("unusable snapshot")]
+    Snapshot(#[from] SnapshotError),
     /// Reading or writing a snapshot failed.
-    #[error("snapshot I/O: {0}")]
-    SnapshotIo(std::io::Error),
-    /// Probing a path failed.
-    #[error("{}: {source}", path.display())]
+    #[error("snapshot I/O")]
+    SnapshotIo(#[source] std::io::Error),
+    /// Probing a path, or reading or writing a snapshot file, failed.
+    #[error("{}", path.display())]
     Io {
         /// The path.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn chain(e: &Error) -> String {
+        let mut s = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            s = format!("{s}: {c}");
+            cause = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = Error::from(SnapshotError::BadMagic);
+        assert_eq!(
+            chain(&e),
+            "unusable snapshot: not an inode-map snapshot (bad magic)"
+        );
+        let cause = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        let e = Error::Io {
+            path: PathBuf::from("/var/lib/lookout/inodes"),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(chain(&e), format!("/var/lib/lookout/inodes: {cause}"));
+        // A body that does not decode keeps postcard's error as its cause.
+        let e = Snapshot::load(&b"LKINOMAP\x01\x00\x00\x00\xff\xff\xff\xff"[..])
+            .expect_err("not a snapshot body");
+        let text = chain(&e);
+        assert!(text.starts_with("unusable snapshot: "), "{text}");
+        let Error::Snapshot(SnapshotError::Corrupt(p)) = &e else {
+            panic!("expected a corrupt body, got {text}");
+        };
+        assert_eq!(text.matches(&p.to_string()).count(), 1, "{text}");
+    }
 }

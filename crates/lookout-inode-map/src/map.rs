@@ -123,6 +123,7 @@ impl Stamp {
 
 /// The number (and device) presented for a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Mapped {
     /// `st_ino` to present.
     pub ino: u64,
@@ -149,6 +150,7 @@ impl Default for Limits {
 
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Entries held.
     pub entries: usize,

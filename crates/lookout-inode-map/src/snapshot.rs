@@ -86,8 +86,8 @@ pub enum SnapshotError {
         actual: u32,
     },
     /// The body does not decode.
-    #[error("corrupt body: {0}")]
-    Corrupt(String),
+    #[error("corrupt body")]
+    Corrupt(#[source] postcard::Error),
     /// The body's version field differs from the header's.
     #[error("the header says version {header}, the body {body}")]
     VersionMismatch {
@@ -181,12 +181,6 @@ pub enum SnapshotError {
     },
 }
 
-impl From<SnapshotError> for Error {
-    fn from(e: SnapshotError) -> Error {
-        Error::Snapshot(e)
-    }
-}
-
 /// One saved file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedEntry {
@@ -246,8 +240,8 @@ impl Snapshot {
         if s.version != SNAPSHOT_VERSION {
             s.to_mut().version = SNAPSHOT_VERSION;
         }
-        let body = postcard::to_stdvec(&*s)
-            .map_err(|e| Error::Snapshot(SnapshotError::Corrupt(e.to_string())))?;
+        let body =
+            postcard::to_stdvec(&*s).map_err(|e| Error::Snapshot(SnapshotError::Corrupt(e)))?;
         let mut head = [0u8; HEADER_V2];
         head[..8].copy_from_slice(MAGIC);
         head[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
@@ -349,7 +343,7 @@ impl Snapshot {
             v => return Err(SnapshotError::UnsupportedVersion(v).into()),
         };
         let (s, rest): (Snapshot, &[u8]) = postcard::take_from_bytes(&body)
-            .map_err(|e| Error::Snapshot(SnapshotError::Corrupt(e.to_string())))?;
+            .map_err(|e| Error::Snapshot(SnapshotError::Corrupt(e)))?;
         if !rest.is_empty() {
             return Err(SnapshotError::TrailingBytes.into());
         }
