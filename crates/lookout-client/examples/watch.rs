@@ -27,7 +27,14 @@ async fn main() -> Result<(), lookout_client::Error> {
             // The agent has been gone longer than the retry window; keep
             // trying (a watcher resumes where it was).
             Err(error) if error.is_retryable() => {
-                eprintln!("{error}; still trying");
+                // The message says what failed; its sources say why.
+                let mut text = error.to_string();
+                let mut cause = std::error::Error::source(&error);
+                while let Some(c) = cause {
+                    text = format!("{text}: {c}");
+                    cause = c.source();
+                }
+                eprintln!("{text}; still trying");
                 continue;
             }
             Err(error) => return Err(error),

@@ -124,7 +124,11 @@ where
             return Err(error);
         }
         let pause = backoff.next_pause().min(deadline - now);
-        tracing::debug!(error = %error, ?pause, "lookout API not reachable yet, retrying");
+        tracing::debug!(
+            error = %crate::error::chain(&error),
+            ?pause,
+            "lookout API not reachable yet, retrying"
+        );
         tokio::time::sleep(pause).await;
     }
 }

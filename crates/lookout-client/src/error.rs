@@ -116,6 +116,19 @@ impl Error {
     }
 }
 
+/// `e` and its causes, `outer: cause: root`: this crate's messages leave
+/// their causes to `source()`, so a log line needs the whole chain.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
 /// Codes that describe a passing condition: the agent is restarting or went
 /// away (`UNAVAILABLE`, and `UNKNOWN`/`INTERNAL`/`CANCELLED`, which is how a
 /// connection reset mid-stream surfaces), or dropped a slow consumer
@@ -159,6 +172,21 @@ mod tests {
 
         assert!(classify(io::ErrorKind::ConnectionRefused).is_retryable());
         assert!(!classify(io::ErrorKind::InvalidInput).is_retryable());
+    }
+
+    #[test]
+    fn messages_leave_the_cause_to_the_chain() {
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused).to_string();
+        let e = classify(io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            e.to_string(),
+            "could not connect to the lookout socket /run/lookout/lookout.sock"
+        );
+        assert_eq!(
+            chain(&e),
+            format!("could not connect to the lookout socket /run/lookout/lookout.sock: {refused}")
+        );
+        assert_eq!(chain(&e).matches(&refused).count(), 1);
     }
 
     #[test]
