@@ -466,7 +466,13 @@ impl HooksDirs {
         };
         self.loaded = load_dirs_under(root, &self.dirs);
         for e in &self.loaded.errors {
-            tracing::warn!(error = %Chain(e), "hook file skipped");
+            // `file` and `reason`, as docs/hooks.md shows; the reason is the
+            // whole chain (it names the file too).
+            tracing::warn!(
+                file = %e.path().display(),
+                reason = %Chain(e),
+                "hook file skipped"
+            );
         }
         if !self.dirs.is_empty() {
             tracing::info!(
