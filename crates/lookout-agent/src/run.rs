@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use lookout_model::{ContainerEvent, EventKind};
 use lookout_probe::{Mode, ProbeOptions, ProbeReport};
-use lookout_runtime_hook::{Config, Rescan, RuntimeHook, Scanner, Sink};
+use lookout_runtime_hook::{RuntimeHook, Scanner, Sink};
 
 use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
 use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
@@ -579,21 +579,20 @@ async fn run_async(
                 if wanted.is_none() && report.requirements(m).is_err() {
                     continue;
                 }
-                let config = Config {
-                    host_root: args.host_root.clone(),
-                    binaries: report.runtimes.iter().map(|r| r.resolved.clone()).collect(),
-                    bpf_object: (m == Mode::FanotifyEbpf)
-                        .then(|| bpf_object.map(<[u8]>::to_vec))
-                        .flatten(),
-                    rescan: Some(rescan(&args)),
-                    observer: Some(std::sync::Arc::clone(&metrics)
-                        as std::sync::Arc<dyn lookout_runtime_hook::Observer>),
-                    start_barrier: Some(std::sync::Arc::clone(&barrier)
-                        as std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>),
-                    start_barrier_cap: start_cap,
-                    answer_deadline: args.answer_deadline,
-                };
-                match RuntimeHook::new(config) {
+                let (interval, find) = rescan(&args);
+                let mut builder = RuntimeHook::builder()
+                    .host_root(args.host_root.clone())
+                    .binaries(report.runtimes.iter().map(|r| r.resolved.clone()))
+                    .rescan(interval, find)
+                    .observer(std::sync::Arc::clone(&metrics) as _)
+                    .start_barrier(std::sync::Arc::clone(&barrier) as _, start_cap)
+                    .answer_deadline(args.answer_deadline);
+                if m == Mode::FanotifyEbpf
+                    && let Some(object) = bpf_object
+                {
+                    builder = builder.bpf_object(object.to_vec());
+                }
+                match builder.build() {
                     Ok(h) => {
                         stdout.inner().close_in_hooks(h.group_fd());
                         // A start may wait for prestart hooks and gates,
@@ -866,25 +865,28 @@ fn set_ready(shared: &crate::serve::Shared, body: String) {
 }
 
 /// Finds the runtime binaries the same way the probe did.
-fn rescan(args: &RunArgs) -> Rescan {
+/// How often to look for newly installed runtime binaries, and how.
+fn rescan(
+    args: &RunArgs,
+) -> (
+    Duration,
+    impl Fn() -> Vec<PathBuf> + Send + Sync + 'static + use<>,
+) {
     let host_root = args.host_root.clone();
     let extra = args.runtime_paths.clone();
     let defaults = !args.no_default_runtimes;
     let path_env = std::env::var_os("PATH");
-    Rescan {
-        interval: args.rescan_interval,
-        find: std::sync::Arc::new(move || {
-            let candidates = if defaults {
-                lookout_probe::candidate_paths(path_env.as_deref(), &extra)
-            } else {
-                extra.clone()
-            };
-            lookout_probe::find_runtimes(&host_root, &candidates)
-                .into_iter()
-                .map(|r| r.resolved)
-                .collect()
-        }),
-    }
+    (args.rescan_interval, move || {
+        let candidates = if defaults {
+            lookout_probe::candidate_paths(path_env.as_deref(), &extra)
+        } else {
+            extra.clone()
+        };
+        lookout_probe::find_runtimes(&host_root, &candidates)
+            .into_iter()
+            .map(|r| r.resolved)
+            .collect()
+    })
 }
 
 /// Added to the longest legitimate wait of a runtime exec before

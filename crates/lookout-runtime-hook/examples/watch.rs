@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use lookout_runtime_hook::{Config, RuntimeHook};
+use lookout_runtime_hook::RuntimeHook;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -19,12 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let config = Config {
-            binaries,
-            bpf_object: Some(std::fs::read(&object)?),
-            ..Config::new()
-        };
-        let mut hook = RuntimeHook::new(config)?;
+        let mut hook = RuntimeHook::builder()
+            .binaries(binaries)
+            .bpf_object(std::fs::read(&object)?)
+            .build()?;
         let mut print = |e: lookout_model::ContainerEvent| println!("{e:?}");
         hook.scan(&mut print);
         eprintln!("ready");

@@ -22,11 +22,11 @@ use crate::{Error, pidfd, proc};
 
 /// Finds the runtime binaries again (for binaries installed after start).
 #[derive(Clone)]
-pub struct Rescan {
+struct Rescan {
     /// How often.
-    pub interval: Duration,
+    interval: Duration,
     /// Returns the binaries to watch (paths this process opens).
-    pub find: std::sync::Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>,
+    find: Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>,
 }
 
 impl std::fmt::Debug for Rescan {
@@ -59,69 +59,146 @@ pub type StartWait = std::pin::Pin<Box<dyn std::future::Future<Output = StartDec
 pub trait StartBarrier: Send + Sync {
     /// A future that completes when `start` of container `id` may go on
     /// (or must not), or `None` to go on at once. The hook waits at most
-    /// [`Config::start_barrier_cap`] (then proceeds), without holding up
+    /// the cap given to [`Builder::start_barrier`] (then proceeds), without holding up
     /// other execs. The hook polls the future once on its own task (a
     /// barrier that has already decided costs no task), so neither `wait`
     /// nor a poll may block.
     fn wait(&self, id: &str) -> Option<StartWait>;
 }
 
-/// How to start the hook.
+/// How the hook runs; built by [`Builder`].
 #[derive(Clone)]
-pub struct Config {
-    /// Where the host's root is mounted (`/` on the host).
-    pub host_root: PathBuf,
-    /// Runtime binaries to mark, as paths this process opens.
-    pub binaries: Vec<PathBuf>,
-    /// The BPF object for argv capture; `None` runs fanotify-only.
-    pub bpf_object: Option<Vec<u8>>,
-    /// How long a runtime may wait on us for one exec.
-    pub answer_deadline: Duration,
-    /// Look for newly installed runtime binaries (cheap: a few dozen
-    /// `stat`s per rescan).
-    pub rescan: Option<Rescan>,
-    /// Metrics hooks.
-    pub observer: Option<std::sync::Arc<dyn Observer>>,
-    /// What `start` waits for (prestart hooks), if anything.
-    pub start_barrier: Option<std::sync::Arc<dyn StartBarrier>>,
-    /// The longest `start` waits for the barrier.
-    pub start_barrier_cap: Duration,
+struct Config {
+    host_root: PathBuf,
+    binaries: Vec<PathBuf>,
+    bpf_object: Option<Vec<u8>>,
+    answer_deadline: Duration,
+    rescan: Option<Rescan>,
+    observer: Option<Arc<dyn Observer>>,
+    start_barrier: Option<Arc<dyn StartBarrier>>,
+    start_barrier_cap: Duration,
 }
 
-impl std::fmt::Debug for Config {
+/// Sets up a [`RuntimeHook`]: get one with [`RuntimeHook::builder`].
+///
+/// ```no_run
+/// # async fn f() -> Result<(), lookout_runtime_hook::Error> {
+/// use std::time::Duration;
+/// use lookout_runtime_hook::RuntimeHook;
+/// let hook = RuntimeHook::builder()
+///     .binary("/usr/sbin/runc")
+///     .answer_deadline(Duration::from_secs(1))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct Builder {
+    config: Config,
+}
+
+impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("host_root", &self.host_root)
-            .field("binaries", &self.binaries)
-            .field("bpf_object", &self.bpf_object.as_ref().map(Vec::len))
-            .field("answer_deadline", &self.answer_deadline)
-            .field("rescan", &self.rescan)
-            .field("observer", &self.observer.is_some())
-            .field("start_barrier", &self.start_barrier.is_some())
-            .field("start_barrier_cap", &self.start_barrier_cap)
+        let c = &self.config;
+        f.debug_struct("Builder")
+            .field("host_root", &c.host_root)
+            .field("binaries", &c.binaries)
+            .field("bpf_object", &c.bpf_object.as_ref().map(Vec::len))
+            .field("answer_deadline", &c.answer_deadline)
+            .field("rescan", &c.rescan)
+            .field("observer", &c.observer.is_some())
+            .field("start_barrier", &c.start_barrier.is_some())
+            .field("start_barrier_cap", &c.start_barrier_cap)
             .finish()
     }
 }
 
-impl Config {
-    /// Defaults: host root `/`, no binaries, no BPF, a 2 s deadline.
-    pub fn new() -> Config {
-        Config {
-            host_root: PathBuf::from("/"),
-            binaries: Vec::new(),
-            bpf_object: None,
-            answer_deadline: Duration::from_secs(2),
-            rescan: None,
-            observer: None,
-            start_barrier: None,
-            start_barrier_cap: Duration::from_secs(10),
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            config: Config {
+                host_root: PathBuf::from("/"),
+                binaries: Vec::new(),
+                bpf_object: None,
+                answer_deadline: Duration::from_secs(2),
+                rescan: None,
+                observer: None,
+                start_barrier: None,
+                start_barrier_cap: Duration::from_secs(10),
+            },
         }
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self::new()
+impl Builder {
+    /// Where the host's root is mounted (default `/`; `/host` in the
+    /// DaemonSet's pod). Runtime state, bundles and pid files are host
+    /// paths read under it.
+    pub fn host_root(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.host_root = path.into();
+        self
+    }
+
+    /// A runtime binary to mark, as a path this process opens.
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.binaries.push(path.into());
+        self
+    }
+
+    /// Runtime binaries to mark, as paths this process opens.
+    pub fn binaries(mut self, paths: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.config.binaries.extend(paths);
+        self
+    }
+
+    /// The BPF object (`lookout-ebpf`) for argv capture. Without one the
+    /// hook runs fanotify-only: execs are allowed at once and followed
+    /// through /proc, and containers are reported, but not held before
+    /// their start.
+    pub fn bpf_object(mut self, object: Vec<u8>) -> Self {
+        self.config.bpf_object = Some(object);
+        self
+    }
+
+    /// How long a runtime may wait on the hook for one exec (default 2 s):
+    /// the bound on reading a config.json or a state file.
+    pub fn answer_deadline(mut self, deadline: Duration) -> Self {
+        self.config.answer_deadline = deadline;
+        self
+    }
+
+    /// Looks for newly installed runtime binaries every `interval`: `find`
+    /// returns the binaries to watch (cheap: a few dozen `stat`s).
+    pub fn rescan(
+        mut self,
+        interval: Duration,
+        find: impl Fn() -> Vec<PathBuf> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.rescan = Some(Rescan {
+            interval,
+            find: Arc::new(find),
+        });
+        self
+    }
+
+    /// Metrics hooks.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.config.observer = Some(observer);
+        self
+    }
+
+    /// What a container's `start` waits for (prestart hooks, consumer
+    /// gates), for at most `cap` (then it proceeds).
+    pub fn start_barrier(mut self, barrier: Arc<dyn StartBarrier>, cap: Duration) -> Self {
+        self.config.start_barrier = Some(barrier);
+        self.config.start_barrier_cap = cap;
+        self
+    }
+
+    /// Loads the BPF programs (if given), creates the group and marks the
+    /// binaries. Must run inside a tokio runtime.
+    pub fn build(self) -> Result<RuntimeHook, Error> {
+        RuntimeHook::new(self.config)
     }
 }
 
@@ -189,7 +266,7 @@ enum Afterwards {
     Unknown,
 }
 
-/// The runtime hook. Create with [`RuntimeHook::new`], report what already
+/// The runtime hook. Create with [`RuntimeHook::builder`], report what already
 /// runs with [`RuntimeHook::scan`], then drive it with [`RuntimeHook::run`].
 pub struct RuntimeHook {
     config: Config,
@@ -253,9 +330,12 @@ const RECONCILE_SETTLE: Duration = Duration::from_secs(1);
 const RECONCILE_MIN_GAP: Duration = Duration::from_millis(100);
 
 impl RuntimeHook {
-    /// Loads the BPF programs (if given), creates the group and marks the
-    /// binaries. Must run inside a tokio runtime.
-    pub fn new(config: Config) -> Result<RuntimeHook, Error> {
+    /// Sets up a hook; see [`Builder`].
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    fn new(config: Config) -> Result<RuntimeHook, Error> {
         let names: Vec<String> = config
             .binaries
             .iter()
@@ -882,15 +962,22 @@ impl RuntimeHook {
                     why,
                 })) => {
                     counters.missed(&runtime, reason);
-                    if reason != "unreadable-state" {
+                    if reason == "unreadable-state" {
+                        tracing::warn!(
+                            runtime = %runtime,
+                            id,
+                            why,
+                            "the runtime made a container whose state cannot be read; not reported"
+                        );
+                    } else {
                         counters.error("state");
+                        tracing::warn!(
+                            runtime = %runtime,
+                            id,
+                            why,
+                            "the runtime's state names no container process; not reported"
+                        );
                     }
-                    tracing::warn!(
-                        runtime = %runtime,
-                        id,
-                        why,
-                        "the runtime made a container lookout cannot report: {reason}"
-                    );
                     None
                 }
                 Err(why) => {
