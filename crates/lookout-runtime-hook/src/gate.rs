@@ -84,7 +84,7 @@ impl Held {
     /// waited.
     pub fn deny(self) {
         if let Err(e) = self.perm.deny() {
-            tracing::warn!(%e, "denying a permission event");
+            tracing::warn!(error = %lookout_model::Chain(&e), "denying a permission event");
         }
         self.counters.answered(self.since);
     }
@@ -213,7 +213,7 @@ impl Worker {
             match self.group.read_events(&mut buf, &mut events) {
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::error!(%e, "reading fanotify events");
+                    tracing::error!(error = %lookout_model::Chain(&e), "reading fanotify events");
                     self.counters.error("read");
                     std::thread::sleep(Duration::from_millis(10));
                 }

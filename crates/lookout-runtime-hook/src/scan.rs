@@ -61,7 +61,7 @@ pub fn scan_state_in(
             let state = match read_state_under(host_root, &runtime, &root, &id) {
                 Ok(s) => s,
                 Err(err) => {
-                    tracing::debug!(%err, "skipping state entry");
+                    tracing::debug!(error = %lookout_model::Chain(&err), "skipping state entry");
                     continue;
                 }
             };
@@ -83,7 +83,13 @@ pub fn scan_state_in(
             }
             let config = state.bundle.as_ref().and_then(|b| {
                 read_config_within(host_root, b, None, SCAN_CONFIG_DEADLINE)
-                    .map_err(|e| tracing::warn!(id, %e, "cannot read the container's config"))
+                    .map_err(|e| {
+                        tracing::warn!(
+                            id,
+                            error = %lookout_model::Chain(&e),
+                            "cannot read the container's config"
+                        )
+                    })
                     .ok()
             });
             let mut c = Container::new(id.clone(), runtime.clone());

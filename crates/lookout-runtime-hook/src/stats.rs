@@ -209,7 +209,7 @@ impl Counters {
     pub fn answer(&self, perm: Permission, since: Instant) {
         let elapsed = since.elapsed();
         if let Err(e) = perm.allow() {
-            tracing::warn!(error = %e, "answering a permission event");
+            tracing::warn!(error = %lookout_model::Chain(&e), "answering a permission event");
         }
         self.record(elapsed);
     }

@@ -1,0 +1,258 @@
+//! The flags of `lookout run`, and the parsers of their values.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lookout_probe::Mode;
+
+/// The output format of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// One JSON object per line.
+    Json,
+    /// One readable line per event.
+    Text,
+    /// Nothing: consumers use the API socket (or, embedded, the hub).
+    None,
+}
+
+/// A requested mode: `auto` or one of the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// The best mode this node supports.
+    Auto,
+    /// fanotify exec-permission marks + BPF argv capture.
+    FanotifyEbpf,
+    /// fanotify alone.
+    Fanotify,
+    /// Watch this node's Pods through the Kubernetes API.
+    Podinformer,
+    /// Scan runtime state directories.
+    Scan,
+}
+
+impl ModeArg {
+    /// The mode asked for; `None` for `auto`.
+    pub(crate) fn wanted(self) -> Option<Mode> {
+        match self {
+            ModeArg::Auto => None,
+            ModeArg::FanotifyEbpf => Some(Mode::FanotifyEbpf),
+            ModeArg::Fanotify => Some(Mode::Fanotify),
+            ModeArg::Podinformer => Some(Mode::PodInformer),
+            ModeArg::Scan => Some(Mode::Scan),
+        }
+    }
+}
+
+/// The flags of `lookout run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Discovery mode.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) mode: ModeArg,
+    /// Event format (default: json when stdout is not a terminal).
+    #[arg(long, value_enum)]
+    pub(crate) output: Option<Output>,
+    /// Where the host's root file system is mounted.
+    #[arg(long, env = "LOOKOUT_HOST_ROOT", default_value = "/")]
+    pub(crate) host_root: PathBuf,
+    /// The host process whose namespaces (mount, network, IPC, UTS) hooks
+    /// run in: the host's init by default (a DaemonSet shares the host's
+    /// pids). Where pid 1 hides its namespaces (some VM inits), name
+    /// another process of the host's.
+    #[arg(
+        long,
+        env = "LOOKOUT_HOST_NAMESPACES_PID",
+        default_value_t = 1,
+        value_name = "PID"
+    )]
+    pub(crate) host_namespaces_pid: u32,
+    /// An extra runtime binary to watch (an absolute host path). Repeatable.
+    #[arg(long = "runtime-path", value_name = "PATH", value_parser = absolute_path)]
+    pub(crate) runtime_paths: Vec<PathBuf>,
+    /// Watch only the --runtime-path binaries: not the built-in list of
+    /// install locations, not PATH (also for binaries installed later).
+    #[arg(long)]
+    pub(crate) no_default_runtimes: bool,
+    /// How often to look for runtime binaries installed after start-up.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub(crate) rescan_interval: Duration,
+    /// Where to serve /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9477")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// How long a runtime exec may wait for its event to be written to
+    /// stdout (a consumer that stops reading must not freeze the node).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) event_deadline: Duration,
+    /// Rescan interval of the scan mode.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub(crate) scan_interval: Duration,
+    /// This node's name, for the Pod informer (from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub(crate) node_name: Option<String>,
+    /// A kubeconfig file; without it, the usual places (`~/.kube/config`,
+    /// then the in-cluster service account).
+    #[arg(long, env = "KUBECONFIG")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+    /// Run the Pod informer beside a runtime-hook or scan mode, so that
+    /// containers the hook cannot see (gVisor, Kata) are still reported,
+    /// once. Default: on when a cluster is configured.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub(crate) fallback_informer: Option<bool>,
+    /// A command run through `sh -c` for every new container, with its OCI
+    /// State (status `created`) on stdin, before the runtime may start it.
+    /// Repeatable.
+    #[arg(long, value_name = "CMD")]
+    pub(crate) prestart: Vec<String>,
+    /// A command run through `sh -c` after a container exits, with its
+    /// State (status `stopped`) on stdin. Repeatable.
+    #[arg(long, value_name = "CMD")]
+    pub(crate) poststop: Vec<String>,
+    /// An oci-hooks(5) directory (CRI-O/podman hooks.d JSON). Repeatable;
+    /// a later one overrides an earlier one by file name.
+    #[arg(long = "hooks-dir", value_name = "DIR")]
+    pub(crate) hooks_dirs: Vec<PathBuf>,
+    /// Each hook's timeout (unless its hooks.d file sets one), and the
+    /// longest a runtime's `start` waits for a container's prestart hooks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) hook_timeout: Duration,
+    /// The longest a runtime exec waits on lookout for anything but a
+    /// container's prestart hooks (reading its config.json and state). A
+    /// hung file system costs the one container involved at most this.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) answer_deadline: Duration,
+    /// Post a Kubernetes Event (`NewContainerConfig`) on this Node for every
+    /// new container.
+    #[arg(long)]
+    pub(crate) k8s_events: bool,
+    /// UNSAFE: Event notes also carry environment variable and annotation
+    /// values (secrets), readable by anyone who may list Events.
+    #[arg(long)]
+    pub(crate) k8s_events_unsafe_values: bool,
+    /// At most this many Events at once; the rate limit's burst (at
+    /// least 1 with --k8s-events).
+    #[arg(long, default_value = "25", value_name = "N")]
+    pub(crate) k8s_events_burst: u32,
+    /// Events allowed per minute after the burst (0: none). Events over
+    /// the limit are dropped, never queued.
+    #[arg(long, default_value = "60", value_name = "N")]
+    pub(crate) k8s_events_per_minute: u32,
+    /// The consumer API's Unix socket (gRPC, lookout.v1; docs/consumers.md).
+    #[arg(
+        long,
+        env = "LOOKOUT_SOCKET",
+        default_value = "/run/lookout/lookout.sock",
+        value_name = "PATH"
+    )]
+    pub(crate) socket: PathBuf,
+    /// Do not serve the consumer API.
+    #[arg(long)]
+    pub(crate) no_socket: bool,
+    /// Group (name or gid) of the socket and its directory: its members may
+    /// List and Watch.
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) socket_group: Option<String>,
+    /// A uid allowed to Gate besides root. Repeatable.
+    #[arg(long = "gate-allow-uid", value_name = "UID")]
+    pub(crate) gate_allow_uids: Vec<u32>,
+    /// A gid allowed to Gate besides root. Repeatable.
+    #[arg(long = "gate-allow-gid", value_name = "GID")]
+    pub(crate) gate_allow_gids: Vec<u32>,
+    /// The deadline of a gate hold whose subscriber asks for none.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) gate_deadline: Duration,
+    /// The longest deadline a gate subscriber may ask for.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) gate_max_deadline: Duration,
+    /// A namespace where fail-closed gates do not apply (the node must be
+    /// able to recover). Repeatable; default kube-system, plus
+    /// $POD_NAMESPACE (lookout's own) when set.
+    #[arg(long = "gate-exempt-namespace", value_name = "NS")]
+    pub(crate) gate_exempt_namespaces: Vec<String>,
+    /// Changes buffered per watcher; one that falls this far behind is
+    /// disconnected (it resumes from its last revision).
+    #[arg(long, default_value = "1024", value_name = "N")]
+    pub(crate) watch_buffer: usize,
+}
+
+impl RunArgs {
+    /// Checks across flags that clap cannot express: what would make a flag
+    /// meaningless.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.k8s_events && self.k8s_events_burst == 0 {
+            return Err(
+                "invalid value '0' for '--k8s-events-burst <N>': with --k8s-events it \
+                 must be at least 1 (a burst of 0 would drop every Event)"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runtime paths are host paths: a relative one would be resolved against
+/// the agent's working directory, which is never what was meant.
+pub fn absolute_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{s:?} is not an absolute path (runtime paths are host paths, e.g. /usr/local/bin/runc)"
+        ))
+    }
+}
+
+/// The longest interval or deadline accepted (a larger one would overflow
+/// the clock arithmetic of timers).
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A positive duration: humantime syntax (`500ms`, `2s`, `1m30s`, `1h`), or
+/// a bare number of seconds. Zero is refused: every interval and deadline
+/// of the agent must let time pass.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{s:?} is too large"))?
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 500ms, 2s, 1m30s)"))?
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be greater than zero"));
+    }
+    if d > MAX_DURATION {
+        return Err(format!("{s:?}: must be at most 30 days"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in [
+            "x",
+            "",
+            "0",
+            "0s",
+            "0ms",
+            "-1s",
+            "-1",
+            "1y2",
+            "99999999999999999999",
+            "31d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! `lookout run`: discovery, one event per line on stdout.
+//!
+//! - [`args`]: the flags;
+//! - [`output`]: the stdout writer;
+//! - [`modes`]: choosing the discovery mode, the Kubernetes client;
+//! - [`limits`]: process limits;
+//! - here: wiring them together, with the hub, hooks, the API socket and
+//!   the health endpoints, until a signal (or, embedded, `stop`).
+
+mod args;
+mod limits;
+mod modes;
+mod output;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use lookout_probe::ProbeOptions;
+use lookout_runtime_hook::{RuntimeHook, Scanner, StartBarrier};
+
+pub use args::{Output, RunArgs, absolute_path};
+use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
+use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, stop_informer};
+use output::StdoutSink;
+
+use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
+use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
+use crate::merge;
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, run until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// What stops `run` and who hears that it is ready.
+pub(crate) enum Control {
+    /// `lookout run`: SIGTERM or SIGINT stops it.
+    Signals,
+    /// Embedded ([`crate::Discovery`]): `stop` turning true stops it; the
+    /// hub is sent on `ready` once discovery runs.
+    Embedded {
+        stop: tokio::sync::watch::Receiver<bool>,
+        ready: std::sync::mpsc::Sender<std::sync::Arc<Hub>>,
+    },
+}
+
+impl Control {
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
+        let stop = match self {
+            Control::Signals => None,
+            Control::Embedded { stop, .. } => Some(stop.clone()),
+        };
+        async move {
+            match stop {
+                None => shutdown_signal().await,
+                Some(mut s) => {
+                    let _ = s.wait_for(|v| *v).await;
+                    tracing::info!("stop requested: shutting down");
+                }
+            }
+        }
+    }
+
+    fn ready(&self, hub: &std::sync::Arc<Hub>) {
+        if let Control::Embedded { ready, .. } = self {
+            let _ = ready.send(std::sync::Arc::clone(hub));
+        }
+    }
+}
+
+/// Runs `lookout run` until SIGTERM or SIGINT.
+pub fn run(args: RunArgs, bpf_object: Option<&'static [u8]>) -> anyhow::Result<()> {
+    if let Err(why) = args.check() {
+        // Exit 2 with clap's format, like a bad value clap itself refused.
+        clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n")).exit();
+    }
+    run_with(args, bpf_object, Control::Signals)
+}
+
+/// [`run`] under `control`; flags already checked by the caller.
+pub(crate) fn run_with(
+    args: RunArgs,
+    bpf_object: Option<&'static [u8]>,
+    control: Control,
+) -> anyhow::Result<()> {
+    raise_nofile_limit();
+    raise_memlock_limit();
+    // Cgroup paths as the host sees them, not relative to a pod's own
+    // cgroup namespace.
+    match lookout_model::proc::use_host_cgroup_namespace(args.host_namespaces_pid) {
+        Ok(true) => tracing::info!(
+            pid = args.host_namespaces_pid,
+            "cgroup paths are read in the host's cgroup namespace"
+        ),
+        Ok(false) => {}
+        Err(e) => tracing::info!(
+            pid = args.host_namespaces_pid,
+            %e,
+            "cannot read cgroup paths in the host's cgroup namespace; they are relative to ours \
+             where it differs (--host-namespaces-pid)"
+        ),
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    // Everything that talks to other parties (the Kubernetes API, hook
+    // processes, Events) runs on a runtime and thread of its own: the
+    // main runtime runs the runtime hook's task, which answers `create`,
+    // `run` and `start`, and shares nothing with them that can stall.
+    let side = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("lookout-side")
+        .enable_all()
+        .build()
+        .context("starting the side tokio runtime")?;
+    let result = rt.block_on(run_async(args, bpf_object, side.handle().clone(), control));
+    // Hook processes and reads stuck on a hung file system must not hold
+    // the exit up: their tasks are abandoned.
+    side.shutdown_background();
+    result
+}
+
+async fn run_async(
+    args: RunArgs,
+    bpf_object: Option<&'static [u8]>,
+    side: tokio::runtime::Handle,
+    control: Control,
+) -> anyhow::Result<()> {
+    let output = args.output.unwrap_or(if std::io::stdout().is_terminal() {
+        Output::Text
+    } else {
+        Output::Json
+    });
+    let metrics = std::sync::Arc::new(crate::serve::Metrics::new());
+    let shared = std::sync::Arc::new(crate::serve::Shared {
+        metrics: std::sync::Arc::clone(&metrics),
+        ready: std::sync::RwLock::new(None),
+        hook: std::sync::OnceLock::new(),
+    });
+    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
+    let stdout = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
+    let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
+    let report = lookout_probe::probe(
+        &ProbeOptions::new()
+            .host_root(&args.host_root)
+            .runtime_paths(args.runtime_paths.clone())
+            .default_runtimes(!args.no_default_runtimes)
+            .bpf_object(bpf_object)
+            .env(move |k| match k {
+                "NODE_NAME" => node_name.clone(),
+                "KUBECONFIG" => kubeconfig
+                    .as_ref()
+                    .map(|p| p.to_string_lossy().into_owned()),
+                _ => std::env::var(k).ok(),
+            }),
+    );
+    let wanted = args.mode.wanted();
+    let (mode, refused) = choose(&report, wanted)?;
+
+    // Initialize the chosen hook mode once; if that fails (a race with
+    // the probe, a kernel surprise), step down instead of exiting.
+    // One connection to the cluster, made when something needs it.
+    let mut kube = Kube {
+        side: side.clone(),
+        result: None,
+    };
+    let hook_settings = HookSettings {
+        prestart: args.prestart.clone(),
+        poststop: args.poststop.clone(),
+        dirs: args.hooks_dirs.clone(),
+        timeout: args.hook_timeout,
+        host_root: args.host_root.clone(),
+        host_namespaces_pid: args.host_namespaces_pid,
+    };
+    let events = k8s_events(&args, &mut kube, &metrics).await;
+    let hooks_wanted = hook_settings.any();
+    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone());
+    let hub = Hub::new(hub_config(&args), metrics.hub());
+    let mut bound = None;
+    if !args.no_socket {
+        // The API is a consumer like any other: without it discovery goes on.
+        match serve_api(&args, std::sync::Arc::clone(&hub)) {
+            Ok(id) => bound = Some(id),
+            Err(e) => tracing::error!("consumer API not served: {e:#}"),
+        }
+    }
+    let _unbind = Unbind(args.socket.clone(), bound);
+    let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
+        vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
+            &hub,
+        )))];
+    if hooks_wanted {
+        barriers.push(std::sync::Arc::new(barrier));
+    }
+    let barrier: std::sync::Arc<dyn StartBarrier> = std::sync::Arc::new(Barriers(barriers));
+    // A start waits for prestart hooks and gates, then its state read.
+    let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
+    let stdout = HubSink::new(std::sync::Arc::clone(&hub), stdout);
+
+    let backends = Ladder {
+        args: &args,
+        report: &report,
+        wanted,
+        mode,
+        refused,
+        bpf_object,
+        metrics: &metrics,
+        barrier,
+        start_cap,
+    }
+    .start(&mut kube)
+    .await?;
+    let chosen = backends.chosen;
+    if let Some(h) = &backends.hook {
+        stdout.inner().close_in_hooks(h.group_fd());
+        // A start may wait for prestart hooks and gates, then its state
+        // read: past that (and a margin), the hook is stuck.
+        let bound = start_cap + args.answer_deadline + HEALTH_MARGIN;
+        let _ = shared.hook.set((h.health(), bound));
+    }
+    release_startup_memory();
+    metrics.set_mode(chosen.as_str());
+    // Only a hook with BPF argv capture holds a created container's start.
+    hub.set_can_hold(backends.hook.as_ref().is_some_and(RuntimeHook::has_bpf));
+    let mut body = format!("mode {chosen}\n");
+    for r in &backends.refused {
+        body.push_str(&format!("refused {r}\n"));
+    }
+    if backends.refused.is_empty() {
+        tracing::info!("discovery mode {chosen}");
+    } else {
+        let refused = backends.refused.join(" | ");
+        tracing::info!("discovery mode {chosen} (refused: {refused})");
+    }
+    let ready = || {
+        set_ready(&shared, body);
+        control.ready(&hub);
+    };
+    discover(
+        backends,
+        stdout,
+        &args,
+        &side,
+        &metrics,
+        ready,
+        control.stopped(),
+    )
+    .await;
+    Ok(())
+}
+
+/// Runs discovery with `backends`, writing to `stdout` (through the hub
+/// and the hooks), until `stopped`; `ready` once it runs.
+async fn discover(
+    backends: Backends,
+    stdout: HubSink<HookSink<StdoutSink>>,
+    args: &RunArgs,
+    side: &tokio::runtime::Handle,
+    metrics: &std::sync::Arc<crate::serve::Metrics>,
+    ready: impl FnOnce(),
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let Backends {
+        chosen,
+        hook,
+        informer,
+        fallback,
+        ..
+    } = backends;
+
+    let mut sink = merge::Shared::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
+    if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
+        sink.set_index(i.index());
+        if fallback.is_some() {
+            tracing::info!("fallback Pod informer runs beside {chosen}");
+        }
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let spawn_informer =
+        |i: lookout_informer::Informer, sink: merge::Shared<HubSink<HookSink<StdoutSink>>>| {
+            let mut stop = stop_rx.clone();
+            side.spawn(async move {
+                let mut sink = sink;
+                i.run(&mut sink, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            })
+        };
+    match (hook, informer) {
+        (Some(mut hook), _) => {
+            hook.scan(&mut sink);
+            // After the state scan: what it found is not the informer's.
+            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
+            ready();
+            tracing::info!(
+                tracked = hook.tracked().count(),
+                bpf = hook.has_bpf(),
+                "ready"
+            );
+            let stats = hook.run(&mut sink, stopped).await;
+            tracing::info!(?stats, "runtime hook stopped; marks removed");
+            stop_informer(&stop_tx, side).await;
+        }
+        (None, Some(informer)) => {
+            let task = spawn_informer(informer, sink.clone());
+            ready();
+            tracing::info!("ready");
+            stopped.await;
+            stop_informer(&stop_tx, Some(task)).await;
+        }
+        (None, None) => {
+            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
+            ready();
+            tracing::info!("ready");
+            Scanner::new(args.host_root.clone(), args.scan_interval)
+                .run(&mut sink, stopped)
+                .await;
+            stop_informer(&stop_tx, side).await;
+        }
+    }
+}
+
+/// The Kubernetes Events of `--k8s-events`, when a cluster and the node's
+/// name are known.
+async fn k8s_events(
+    args: &RunArgs,
+    kube: &mut Kube,
+    metrics: &crate::serve::Metrics,
+) -> Option<Events> {
+    if !args.k8s_events {
+        return None;
+    }
+    {
+        match (kube.client(args).await, &args.node_name) {
+            (Ok(client), Some(node)) => {
+                if args.k8s_events_unsafe_values {
+                    tracing::warn!(
+                        "--k8s-events-unsafe-values: Event notes carry environment variable and \
+                         annotation values, secrets included; anyone who may list Events can read them"
+                    );
+                }
+                let dropped = metrics.k8s_events_dropped();
+                Some(Events {
+                    client,
+                    node: node.clone(),
+                    unsafe_values: args.k8s_events_unsafe_values,
+                    limit: std::sync::Arc::new(EventLimit::new(
+                        args.k8s_events_burst,
+                        args.k8s_events_per_minute,
+                        dropped,
+                    )),
+                })
+            }
+            (Err(e), _) => {
+                tracing::warn!("--k8s-events: no cluster: {e:#}");
+                None
+            }
+            (_, None) => {
+                tracing::warn!("--k8s-events: NODE_NAME is not set");
+                None
+            }
+        }
+    }
+}
+
+fn hub_config(args: &RunArgs) -> HubConfig {
+    let mut exempt = if args.gate_exempt_namespaces.is_empty() {
+        vec!["kube-system".to_owned()]
+    } else {
+        args.gate_exempt_namespaces.clone()
+    };
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.is_empty()
+        && !exempt.contains(&ns)
+    {
+        exempt.push(ns);
+    }
+    HubConfig {
+        watch_buffer: args.watch_buffer.max(1),
+        max_deadline: args.gate_max_deadline,
+        exempt_namespaces: exempt,
+        ..HubConfig::default()
+    }
+}
+
+/// Removes the consumer socket when `run` returns.
+struct Unbind(PathBuf, Option<(u64, u64)>);
+
+impl Drop for Unbind {
+    fn drop(&mut self) {
+        crate::grpc::unbind(&self.0, self.1);
+    }
+}
+
+/// Binds the consumer socket and serves it on its own thread; returns the
+/// socket's device and inode.
+fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u64)> {
+    let group = match &args.socket_group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => nix::unistd::Group::from_name(g)
+                .with_context(|| format!("looking up group {g}"))?
+                .with_context(|| format!("--socket-group {g}: no such group"))?
+                .gid
+                .as_raw(),
+        }),
+    };
+    let listener = crate::grpc::bind(&args.socket, group)?;
+    let id = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&args.socket)
+            .with_context(|| format!("stat {}", args.socket.display()))?;
+        (m.dev(), m.ino())
+    };
+    crate::grpc::spawn(
+        listener,
+        args.socket.clone(),
+        hub,
+        crate::grpc::Auth {
+            uids: args.gate_allow_uids.clone(),
+            gids: args.gate_allow_gids.clone(),
+        },
+        args.gate_deadline.min(args.gate_max_deadline),
+    )?;
+    Ok(id)
+}
+
+fn set_ready(shared: &crate::serve::Shared, body: String) {
+    if let Ok(mut r) = shared.ready.write() {
+        *r = Some(body);
+    }
+}

@@ -1,0 +1,274 @@
+//! Choosing the discovery mode: the probe's verdict, an explicit `--mode`,
+//! and the ladder `fanotify-ebpf` > `fanotify` > `podinformer` > `scan`
+//! that steps down when a mode fails to start (a race with the probe, a
+//! kernel surprise) instead of exiting. Also the one Kubernetes client
+//! the modes and Events share.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use lookout_probe::{Mode, ProbeReport};
+use lookout_runtime_hook::{RuntimeHook, StartBarrier};
+
+use super::args::RunArgs;
+use crate::serve::Metrics;
+
+/// What discovery runs with.
+pub(super) struct Backends {
+    /// The mode that runs.
+    pub chosen: Mode,
+    /// The modes above it that were refused, and why.
+    pub refused: Vec<String>,
+    /// The runtime hook, in the fanotify modes.
+    pub hook: Option<RuntimeHook>,
+    /// The Pod informer, in `podinformer` mode.
+    pub informer: Option<lookout_informer::Informer>,
+    /// The fallback Pod informer beside another mode.
+    pub fallback: Option<lookout_informer::Informer>,
+}
+
+/// Starts the first mode of the ladder, from `mode` down, that starts.
+pub(super) struct Ladder<'a> {
+    pub args: &'a RunArgs,
+    pub report: &'a ProbeReport,
+    /// An explicit `--mode`: it must start, or `run` fails.
+    pub wanted: Option<Mode>,
+    /// Where to start on the ladder.
+    pub mode: Mode,
+    /// Refusals so far (from the probe).
+    pub refused: Vec<String>,
+    pub bpf_object: Option<&'static [u8]>,
+    pub metrics: &'a Arc<Metrics>,
+    /// What a container's start waits for, and for how long at most.
+    pub barrier: Arc<dyn StartBarrier>,
+    pub start_cap: Duration,
+}
+
+impl Ladder<'_> {
+    /// Starts the chosen mode and, beside a mode other than
+    /// `podinformer`, the fallback informer when a cluster is configured
+    /// (or `--fallback-informer`).
+    pub async fn start(self, kube: &mut Kube) -> anyhow::Result<Backends> {
+        let Ladder {
+            args,
+            report,
+            wanted,
+            mode,
+            mut refused,
+            bpf_object,
+            metrics,
+            barrier,
+            start_cap,
+        } = self;
+        let mut hook = None;
+        let mut informer = None;
+        for m in Mode::LADDER.into_iter().filter(|m| *m >= mode) {
+            match m {
+                Mode::FanotifyEbpf | Mode::Fanotify => {
+                    if wanted.is_none() && report.requirements(m).is_err() {
+                        continue;
+                    }
+                    let (interval, find) = rescan(args);
+                    let mut builder = RuntimeHook::builder()
+                        .host_root(args.host_root.clone())
+                        .binaries(report.runtimes.iter().map(|r| r.resolved.clone()))
+                        .rescan(interval, find)
+                        .observer(Arc::clone(metrics) as _)
+                        .start_barrier(Arc::clone(&barrier), start_cap)
+                        .answer_deadline(args.answer_deadline);
+                    if m == Mode::FanotifyEbpf
+                        && let Some(object) = bpf_object
+                    {
+                        builder = builder.bpf_object(object.to_vec());
+                    }
+                    match builder.build() {
+                        Ok(h) => {
+                            hook = Some((m, h));
+                            break;
+                        }
+                        Err(e) if wanted.is_some() => {
+                            bail!("--mode {m} cannot start: {}", lookout_model::Chain(&e))
+                        }
+                        Err(e) => refused.push(format!(
+                            "{m}: starting it failed: {}",
+                            lookout_model::Chain(&e)
+                        )),
+                    }
+                }
+                Mode::PodInformer => {
+                    if wanted.is_none() && report.requirements(m).is_err() {
+                        continue;
+                    }
+                    match start_informer(args, kube).await {
+                        Ok(i) => {
+                            informer = Some(i);
+                            break;
+                        }
+                        Err(e) if wanted.is_some() => bail!("--mode {m} cannot start: {e:#}"),
+                        Err(e) => refused.push(format!("{m}: {e:#}")),
+                    }
+                }
+                Mode::Scan => break,
+            }
+        }
+        let chosen = match (&hook, &informer) {
+            (Some((m, _)), _) => *m,
+            (None, Some(_)) => Mode::PodInformer,
+            (None, None) => Mode::Scan,
+        };
+        // The fallback informer: on by default when a cluster is configured.
+        let fallback = if chosen == Mode::PodInformer {
+            None
+        } else {
+            let cluster = report.requirements(Mode::PodInformer);
+            match (args.fallback_informer, cluster) {
+                (Some(false), _) | (None, Err(_)) => None,
+                (Some(true), Err(why)) => {
+                    tracing::warn!("--fallback-informer: no cluster to watch: {why}");
+                    None
+                }
+                (_, Ok(())) => match start_informer(args, kube).await {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        tracing::warn!("fallback informer not started: {e:#}");
+                        None
+                    }
+                },
+            }
+        };
+        Ok(Backends {
+            chosen,
+            refused,
+            hook: hook.map(|(_, h)| h),
+            informer,
+            fallback,
+        })
+    }
+}
+
+/// The mode to start with, and the refusals to log. An explicit mode that
+/// cannot run is an error naming every reason.
+pub(super) fn choose(
+    report: &ProbeReport,
+    wanted: Option<Mode>,
+) -> anyhow::Result<(Mode, Vec<String>)> {
+    let refused: Vec<String> = report
+        .refused
+        .iter()
+        .map(|r| format!("{}: {}", r.mode, r.reason))
+        .collect();
+    match wanted {
+        None => Ok((report.mode, refused)),
+        Some(m) => match report.requirements(m) {
+            Ok(()) => Ok((m, Vec::new())),
+            Err(why) => bail!("--mode {m} cannot run on this node: {why}"),
+        },
+    }
+}
+
+/// Stops an informer task, waiting for it at most 5 s.
+pub(super) async fn stop_informer(
+    stop: &tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+) {
+    let _ = stop.send(true);
+    if let Some(t) = task
+        && tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the Pod informer did not stop within 5 s");
+    }
+}
+
+/// The connection to the cluster, made once: the client, or why not.
+pub(super) struct Kube {
+    /// Where the client (and its connection workers) live.
+    pub(super) side: tokio::runtime::Handle,
+    pub(super) result: Option<Result<kube::Client, String>>,
+}
+
+impl Kube {
+    /// Builds the client and checks that the API server answers
+    /// (`GET /version`, 10 s): a mode that cannot reach its cluster is
+    /// refused at start-up, with the reason, instead of running blind.
+    pub(super) async fn client(&mut self, args: &RunArgs) -> anyhow::Result<kube::Client> {
+        if self.result.is_none() {
+            // Built on the side runtime, so that kube's connection workers
+            // run there too.
+            let connected = self
+                .side
+                .spawn(connect(args.kubeconfig.clone()))
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("connecting: {e}")));
+            self.result = Some(connected.map_err(|e| format!("{e:#}")));
+        }
+        match &self.result {
+            Some(Ok(c)) => Ok(c.clone()),
+            Some(Err(e)) => Err(anyhow::anyhow!("{e}")),
+            None => bail!("not connected"),
+        }
+    }
+}
+
+async fn connect(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    let client = match &kubeconfig {
+        Some(path) => lookout_informer::client_from_kubeconfig(path).await?,
+        None => lookout_informer::client().await?,
+    };
+    let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .context("the API server did not answer GET /version within 10 s")?
+        .context("the API server did not answer GET /version")?;
+    tracing::info!(
+        server = format!("{}.{}", version.major, version.minor),
+        "connected to the Kubernetes API server"
+    );
+    Ok(client)
+}
+
+async fn start_informer(
+    args: &RunArgs,
+    kube: &mut Kube,
+) -> anyhow::Result<lookout_informer::Informer> {
+    let node =
+        args.node_name.clone().filter(|n| !n.is_empty()).context(
+            "NODE_NAME is not set (set it from the downward API: fieldRef spec.nodeName)",
+        )?;
+    let client = kube.client(args).await?;
+    tracing::info!(node, "Pod informer: watching this node's pods");
+    Ok(lookout_informer::Informer::new(
+        client,
+        lookout_informer::Config::new(node),
+    ))
+}
+
+/// How often to look for newly installed runtime binaries, and how.
+fn rescan(
+    args: &RunArgs,
+) -> (
+    Duration,
+    impl Fn() -> Vec<PathBuf> + Send + Sync + 'static + use<>,
+) {
+    let host_root = args.host_root.clone();
+    let extra = args.runtime_paths.clone();
+    let defaults = !args.no_default_runtimes;
+    let path_env = std::env::var_os("PATH");
+    (args.rescan_interval, move || {
+        let candidates = if defaults {
+            lookout_probe::candidate_paths(path_env.as_deref(), &extra)
+        } else {
+            extra.clone()
+        };
+        lookout_probe::find_runtimes(&host_root, &candidates)
+            .into_iter()
+            .map(|r| r.resolved)
+            .collect()
+    })
+}
+
+/// Added to the longest legitimate wait of a runtime exec before
+/// `/healthz` calls the hook stuck.
+pub(super) const HEALTH_MARGIN: Duration = Duration::from_secs(5);
