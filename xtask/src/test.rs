@@ -62,6 +62,7 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     crate::image::build(&crate::image::Options::default(), "build")?;
     if root && !opts.no_install {
         fetch_next_debian_runsc()?;
+        fetch_containerd17()?;
     }
     if let Some(rounds) = opts.repeat {
         return crate::repeat::repeat(
@@ -117,15 +118,53 @@ pub fn next_runsc_dir() -> std::path::PathBuf {
     crate::build_ebpf::cache_dir().join("runsc-trixie")
 }
 
-/// Fetches Debian 13's runsc package from the mirror this machine already
-/// uses, without adding the release to its sources, and extracts it
-/// (cached): `<cache>/runsc-trixie/root/usr/bin/runsc`.
+/// Where Debian 13's containerd (1.7, with the CRI plugin and NRI) is
+/// extracted; `$LOOKOUT_CONTAINERD17` in the tests
+/// (`lookout_testsupport::containerd17()`).
+pub fn containerd17_dir() -> std::path::PathBuf {
+    crate::build_ebpf::cache_dir().join("containerd17")
+}
+
+/// Fetches Debian 13's runsc package (cached):
+/// `<cache>/runsc-trixie/root/usr/bin/runsc`.
 fn fetch_next_debian_runsc() -> anyhow::Result<()> {
-    let w = next_runsc_dir();
-    if w.join("root/usr/bin/runsc").is_file() {
+    fetch_trixie_package(
+        &next_runsc_dir(),
+        "runsc",
+        "usr/bin/runsc",
+        "runsc (Debian 13)",
+        "for the gVisor tests",
+    )
+}
+
+/// Fetches Debian 13's containerd 1.7 package (cached):
+/// `<cache>/containerd17/root/usr/bin/{containerd,ctr,containerd-shim-runc-v2}`.
+/// Debian 12's containerd is 1.6, which has no NRI; the CRI tests
+/// (`lookout_testsupport::cri`) run this one beside it.
+fn fetch_containerd17() -> anyhow::Result<()> {
+    fetch_trixie_package(
+        &containerd17_dir(),
+        "containerd",
+        "usr/bin/containerd-shim-runc-v2",
+        "containerd (Debian 13)",
+        "for the CRI and NRI tests",
+    )
+}
+
+/// Fetches Debian 13's `package` from the mirror this machine already
+/// uses, without adding the release to its sources, and extracts it into
+/// `<w>/root` (cached: nothing is done when `<w>/root/<marker>` exists).
+fn fetch_trixie_package(
+    w: &std::path::Path,
+    package: &str,
+    marker: &str,
+    step: &str,
+    why: &str,
+) -> anyhow::Result<()> {
+    if w.join("root").join(marker).is_file() {
         return Ok(());
     }
-    say("test", "fetching Debian 13's runsc (for the gVisor tests)");
+    say("test", &format!("fetching Debian 13's {package} ({why})"));
     let lists = w.join("apt/lists/partial");
     std::fs::create_dir_all(&lists)?;
     let sources =
@@ -157,7 +196,7 @@ fn fetch_next_debian_runsc() -> anyhow::Result<()> {
     opts(&mut update);
     update.args(["update", "-q"]);
     exec(
-        "runsc (Debian 13)",
+        step,
         &mut update,
         "check the network access to Debian's mirrors",
     )?;
@@ -165,19 +204,25 @@ fn fetch_next_debian_runsc() -> anyhow::Result<()> {
     opts(&mut download);
     download
         .current_dir(w.join("apt"))
-        .args(["download", "-q", "runsc"]);
+        .args(["download", "-q", package]);
     exec(
-        "runsc (Debian 13)",
+        step,
         &mut download,
         "check the network access to Debian's mirrors",
     )?;
+    let prefix = format!("{package}_");
     let deb = std::fs::read_dir(w.join("apt"))?
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| anyhow::anyhow!("apt-get download runsc left no .deb"))?;
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "deb")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .ok_or_else(|| anyhow::anyhow!("apt-get download {package} left no .deb"))?;
     exec(
-        "runsc (Debian 13)",
+        step,
         Command::new("dpkg-deb")
             .arg("-x")
             .arg(&deb)

@@ -10,9 +10,12 @@
 //! - [`apiserver::ApiServer`]: a Kubernetes API server speaking the Pod
 //!   list/watch protocol over real HTTP, recording posted Events, and
 //!   [`apiserver::PodJson`] for pods shaped like a real cluster's.
+//! - [`cri::CriNode`]: a real CRI node (containerd 1.7 with NRI, on private
+//!   sockets) and a kubelet-like CRI client.
 #![deny(missing_docs)]
 
 pub mod apiserver;
+pub mod cri;
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -56,18 +59,28 @@ pub fn require_program(test: &str, program: &str) -> bool {
 /// the cache being `$LOOKOUT_CACHE_DIR`, `$XDG_CACHE_HOME/lookout` or
 /// `~/.cache/lookout`, as xtask's.
 pub fn runsc_next() -> std::path::PathBuf {
-    use std::path::PathBuf;
     if let Some(p) = std::env::var_os("LOOKOUT_RUNSC_NEXT") {
         return p.into();
     }
-    let cache = std::env::var_os("LOOKOUT_CACHE_DIR")
+    cache_dir().join("runsc-trixie/root/usr/bin/runsc")
+}
+
+/// xtask's cache directory: `$LOOKOUT_CACHE_DIR`, `$XDG_CACHE_HOME/lookout`
+/// or `~/.cache/lookout`.
+pub fn cache_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    std::env::var_os("LOOKOUT_CACHE_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("lookout")))
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                 .join(".cache/lookout")
-        });
-    cache.join("runsc-trixie/root/usr/bin/runsc")
+        })
+}
+
+/// Debian 13's containerd 1.7 binaries' directory: see [`cri::containerd17`].
+pub fn containerd17() -> std::path::PathBuf {
+    cri::containerd17()
 }
 
 /// Where `program` is in `PATH`, if anywhere.
