@@ -314,22 +314,6 @@ impl<S: Sink> Sink for HookSink<S> {
     }
 }
 
-/// A config.json's bytes, read off the caller's thread within `timeout`,
-/// as the runtime hook reads it: under the host root, never a FIFO, a
-/// device or a last-component symlink, at most `MAX_CONFIG_BYTES`.
-async fn read_config(host_root: PathBuf, path: PathBuf, timeout: Duration) -> Option<Vec<u8>> {
-    let read = tokio::task::spawn_blocking(move || {
-        let policy = lookout_runtime_hook::untrusted::Policy {
-            max_bytes: lookout_runtime_hook::oci::MAX_CONFIG_BYTES,
-            root_owned: false,
-        };
-        lookout_runtime_hook::untrusted::read(&host_root, &path, policy)
-            .map_err(|e| tracing::debug!(path = %path.display(), e, "config.json for hooks"))
-            .ok()
-    });
-    tokio::time::timeout(timeout, read).await.ok()?.ok()?
-}
-
 /// At most this many hook processes run at once; more wait their turn
 /// (each holds a process and three pipes).
 pub const MAX_RUNNING_HOOKS: usize = 32;
@@ -509,13 +493,16 @@ impl Dispatcher {
 
     /// The container's config.json, parsed, if it has a readable one.
     async fn config_of(&self, e: &ContainerEvent) -> Option<serde_json::Value> {
-        let b = e.container.bundle.as_ref()?;
-        let bytes = read_config(
+        let b = e.container.bundle.clone()?;
+        let bytes = lookout_runtime_hook::oci::read_config_bytes_async(
             self.settings.host_root.clone(),
-            b.join("config.json"),
+            b,
+            None,
             self.settings.timeout,
         )
-        .await?;
+        .await
+        .map_err(|e| tracing::debug!(error = %Chain(&e), "config.json for hooks"))
+        .ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -691,11 +678,12 @@ mod summary_tests {
     #[test]
     fn the_event_summary_keeps_no_secret() {
         let mut c = lookout_model::Container::new("c1", lookout_model::RuntimeKind::Runc);
-        c.kubernetes = Some(lookout_model::Kubernetes {
-            namespace: Some("shop".into()),
-            pod: Some("cart-0".into()),
-            container: Some("cart".into()),
-            ..Default::default()
+        c.kubernetes = Some({
+            let mut k = lookout_model::Kubernetes::default();
+            k.namespace = Some("shop".into());
+            k.pod = Some("cart-0".into());
+            k.container = Some("cart".into());
+            k
         });
         let cfg = serde_json::json!({
             "hostname": "h1",

@@ -1017,10 +1017,11 @@ mod tests {
     async fn filters_select_by_namespace_label_runtime_and_annotation() {
         let mut c = Container::new("x", RuntimeKind::Crun);
         c.annotations.insert("trace".into(), "yes".into());
-        c.kubernetes = Some(Kubernetes {
-            namespace: Some("prod".into()),
-            labels: [("app".to_owned(), "web".to_owned())].into(),
-            ..Kubernetes::default()
+        c.kubernetes = Some({
+            let mut k = Kubernetes::default();
+            k.namespace = Some("prod".into());
+            k.labels = [("app".to_owned(), "web".to_owned())].into();
+            k
         });
         let f = |r: &[&str], ns: &[&str], l: &[(&str, &str)], a: &[(&str, &str)]| Filter {
             runtimes: r.iter().map(|s| s.to_string()).collect(),
@@ -1096,9 +1097,10 @@ mod tests {
             .expect("gate");
         feed(&h, added("c2", Status::Created));
         let mut sys = added("sys", Status::Created);
-        sys.container.kubernetes = Some(Kubernetes {
-            namespace: Some("kube-system".into()),
-            ..Kubernetes::default()
+        sys.container.kubernetes = Some({
+            let mut k = Kubernetes::default();
+            k.namespace = Some("kube-system".into());
+            k
         });
         feed(&h, sys);
         let w2 = barrier.wait("c2").expect("held");

@@ -21,23 +21,23 @@ struct Merger<S> {
 }
 
 /// A cloneable [`Sink`] over the merger; every clone feeds the same output.
-pub struct Shared<S> {
+pub struct MergeSink<S> {
     inner: Arc<Mutex<Merger<S>>>,
 }
 
-impl<S> Clone for Shared<S> {
+impl<S> Clone for MergeSink<S> {
     fn clone(&self) -> Self {
-        Shared {
+        MergeSink {
             inner: Arc::clone(&self.inner),
         }
     }
 }
 
-impl<S: Sink> Shared<S> {
+impl<S: Sink> MergeSink<S> {
     /// Merges into `out`. `fallback`: the informer runs beside another
     /// backend.
-    pub fn new(out: S, metrics: Arc<crate::serve::Metrics>, fallback: bool) -> Shared<S> {
-        Shared {
+    pub fn new(out: S, metrics: Arc<crate::serve::Metrics>, fallback: bool) -> MergeSink<S> {
+        MergeSink {
             inner: Arc::new(Mutex::new(Merger {
                 out,
                 live: HashMap::new(),
@@ -56,7 +56,7 @@ impl<S: Sink> Shared<S> {
     }
 }
 
-impl<S: Sink> Sink for Shared<S> {
+impl<S: Sink> Sink for MergeSink<S> {
     fn emit(&mut self, mut event: ContainerEvent) {
         // N.B. a poisoned lock only means an earlier emit panicked; the
         // table is still consistent (it is updated before the write).
@@ -112,7 +112,7 @@ mod tests {
             }
         };
         let metrics = Arc::new(crate::serve::Metrics::new());
-        let mut hook = Shared::new(out, metrics, true);
+        let mut hook = MergeSink::new(out, metrics, true);
         let mut informer = hook.clone();
         let c = |id: &str| Container::new(id, RuntimeKind::Runc);
         hook.emit(ContainerEvent::added(Source::RuntimeHook, c("a")));

@@ -328,7 +328,7 @@ impl lookout_runtime_hook::Observer for Metrics {
 }
 
 /// What the endpoints serve.
-pub struct Shared {
+pub struct Endpoints {
     pub metrics: Arc<Metrics>,
     /// `None` while starting; then the `/readyz` body.
     pub ready: RwLock<Option<String>>,
@@ -358,7 +358,7 @@ pub fn verdict(
     Ok(())
 }
 
-async fn healthz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn healthz(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
     let check = s.hook.get().map_or(Ok(()), |(h, bound)| {
         verdict(h.oldest_unanswered(), h.permission_thread_busy(), *bound)
     });
@@ -371,14 +371,14 @@ async fn healthz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     }
 }
 
-async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn readyz(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
     match s.ready.read().ok().and_then(|r| r.clone()) {
         Some(body) => (StatusCode::OK, body),
         None => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned()),
     }
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn metrics(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
     if let Some((h, _)) = s.hook.get() {
         s.metrics
             .oldest_unanswered
@@ -410,7 +410,7 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// Bounded by design: at most [`MAX_CONNECTIONS`] connections (more are
 /// closed at once and counted), 5 s to send a request's headers (8 KiB at
 /// most), 60 s per connection.
-pub fn spawn(addr: SocketAddr, shared: Arc<Shared>) {
+pub fn spawn(addr: SocketAddr, shared: Arc<Endpoints>) {
     let listener = match std::net::TcpListener::bind(addr).and_then(|l| {
         l.set_nonblocking(true)?;
         Ok(l)
@@ -462,7 +462,7 @@ where
         })
 }
 
-async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
+async fn serve(listener: std::net::TcpListener, shared: Arc<Endpoints>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {

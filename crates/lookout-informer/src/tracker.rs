@@ -96,13 +96,15 @@ fn observe(pod: &Pod) -> (HashMap<String, Container>, HashMap<String, i32>) {
         };
         let mut c = Container::new(id, runtime);
         c.status = Status::Running;
-        c.kubernetes = Some(Kubernetes {
-            namespace: m.namespace.clone(),
-            pod: m.name.clone(),
-            pod_uid: m.uid.clone(),
-            container: Some(st.name.clone()),
-            image: Some(st.image.clone()).filter(|i| !i.is_empty()),
-            labels: labels.clone(),
+        c.kubernetes = Some({
+            let mut k = Kubernetes::default();
+            k.namespace = m.namespace.clone();
+            k.pod = m.name.clone();
+            k.pod_uid = m.uid.clone();
+            k.container = Some(st.name.clone());
+            k.image = Some(st.image.clone()).filter(|i| !i.is_empty());
+            k.labels = labels.clone();
+            k
         });
         running.insert(id.to_owned(), c);
     }

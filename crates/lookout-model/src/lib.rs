@@ -131,6 +131,7 @@ pub fn monotonic_ns() -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RuntimeKind {
     /// runc.
     Runc,
@@ -183,6 +184,7 @@ impl fmt::Display for RuntimeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Source {
     /// The runtime hook (fanotify on the runtime binaries).
     RuntimeHook,
@@ -206,6 +208,7 @@ impl fmt::Display for Source {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Status {
     /// Created, its process waiting to be started.
     Created,
@@ -218,6 +221,7 @@ pub enum Status {
 /// Namespace inode numbers of the container's init process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Namespaces {
     /// Mount namespace.
     pub mnt: Option<u64>,
@@ -230,6 +234,7 @@ pub struct Namespaces {
 /// A container as lookout knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Container {
     /// The runtime's container id.
     pub id: String,
@@ -268,6 +273,7 @@ pub struct Container {
 /// The Kubernetes identity of a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Kubernetes {
     /// The pod's namespace.
     pub namespace: Option<String>,
@@ -377,6 +383,7 @@ fn schema_version() -> u32 {
 /// One event, as printed by `lookout run` (one JSON object per line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct ContainerEvent {
     /// The version of this JSON form ([`SCHEMA_VERSION`]).
     #[serde(default = "schema_version")]

@@ -39,6 +39,7 @@ impl std::fmt::Debug for Rescan {
 
 /// What a [`StartBarrier`] decided about a container's start.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StartDecision {
     /// The runtime's `start` goes on.
     Proceed,

@@ -38,6 +38,64 @@ pub fn read_config(bundle: &Path, config: Option<&Path>) -> Result<OciConfig, Er
     read_config_under(Path::new("/"), bundle, config)
 }
 
+/// Where a bundle's config is: `--config` when given (absolute, or
+/// relative to the bundle), else the bundle's `config.json`.
+fn config_path(bundle: &Path, config: Option<&Path>) -> PathBuf {
+    match config {
+        Some(c) if c.is_absolute() => c.to_path_buf(),
+        Some(c) => bundle.join(c),
+        None => bundle.join("config.json"),
+    }
+}
+
+/// The bytes of a bundle's config, read as [`read_config_under`] reads
+/// them (the one reader of config.json: the agent's hooks use it too, for
+/// the whole document).
+pub fn read_config_bytes_under(
+    host_root: &Path,
+    bundle: &Path,
+    config: Option<&Path>,
+) -> Result<Vec<u8>, Error> {
+    let policy = crate::untrusted::Policy {
+        max_bytes: MAX_CONFIG_BYTES,
+        root_owned: false,
+    };
+    match config {
+        Some(c) if c.is_absolute() => crate::untrusted::read(host_root, c, policy),
+        _ => crate::untrusted::open_dir(host_root, bundle)
+            .map_err(|e| format!("bundle: {e}"))
+            .and_then(|dir| {
+                crate::untrusted::read_in(&dir, config.unwrap_or(Path::new("config.json")), policy)
+            }),
+    }
+    .map_err(|reason| Error::Config {
+        path: config_path(bundle, config),
+        reason,
+    })
+}
+
+/// [`read_config_bytes_under`] on a helper thread, waiting at most
+/// `deadline` (see [`read_config_within`] for why and for the cap on
+/// stuck readers).
+pub async fn read_config_bytes_async(
+    host_root: PathBuf,
+    bundle: PathBuf,
+    config: Option<PathBuf>,
+    deadline: std::time::Duration,
+) -> Result<Vec<u8>, Error> {
+    let path = config_path(&bundle, config.as_deref());
+    bounded_async(deadline, move || {
+        read_config_bytes_under(&host_root, &bundle, config.as_deref())
+    })
+    .await
+    .unwrap_or_else(|why| {
+        Err(Error::Config {
+            path,
+            reason: why.to_owned(),
+        })
+    })
+}
+
 /// Reads a bundle's config: `bundle` is a host path resolved under
 /// `host_root`, `config.json` is resolved inside the bundle (a symlink
 /// cannot lead out of it), and an absolute `--config` under the host root.
@@ -49,28 +107,12 @@ pub fn read_config_under(
     bundle: &Path,
     config: Option<&Path>,
 ) -> Result<OciConfig, Error> {
-    let path: PathBuf = match config {
-        Some(c) if c.is_absolute() => c.to_path_buf(),
-        Some(c) => bundle.join(c),
-        None => bundle.join("config.json"),
-    };
+    let bytes = read_config_bytes_under(host_root, bundle, config)?;
+    let path = config_path(bundle, config);
     let err = |reason: String| Error::Config {
         path: path.clone(),
         reason,
     };
-    let policy = crate::untrusted::Policy {
-        max_bytes: MAX_CONFIG_BYTES,
-        root_owned: false,
-    };
-    let bytes = match config {
-        Some(c) if c.is_absolute() => crate::untrusted::read(host_root, c, policy),
-        _ => crate::untrusted::open_dir(host_root, bundle)
-            .map_err(|e| format!("bundle: {e}"))
-            .and_then(|dir| {
-                crate::untrusted::read_in(&dir, config.unwrap_or(Path::new("config.json")), policy)
-            }),
-    }
-    .map_err(err)?;
     let (cfg, dropped) = parse_config(&bytes).map_err(err)?;
     if let Some(dropped) = dropped {
         tracing::warn!(
@@ -140,7 +182,7 @@ pub fn read_config_within(
     config: Option<&Path>,
     deadline: std::time::Duration,
 ) -> Result<OciConfig, Error> {
-    let path = bundle.join(config.unwrap_or(Path::new("config.json")));
+    let path = config_path(bundle, config);
     let (host_root, bundle, config) = (
         host_root.to_path_buf(),
         bundle.to_path_buf(),
@@ -166,7 +208,7 @@ pub async fn read_config_async(
     config: Option<PathBuf>,
     deadline: std::time::Duration,
 ) -> Result<OciConfig, Error> {
-    let path = bundle.join(config.as_deref().unwrap_or(Path::new("config.json")));
+    let path = config_path(&bundle, config.as_deref());
     bounded_async(deadline, move || {
         read_config_under(&host_root, &bundle, config.as_deref())
     })

@@ -41,6 +41,7 @@ pub trait Observer: Send + Sync {
 
 /// Counters, for metrics and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Permission events answered.
     pub answered: u64,

@@ -73,12 +73,12 @@ struct Inner {
 }
 
 #[derive(Clone)]
-struct Shared {
+struct ServerState {
     inner: Arc<Mutex<Inner>>,
     live: broadcast::Sender<Live>,
 }
 
-impl Shared {
+impl ServerState {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A test that panicked while holding the lock poisons it; the data
         // is still what the test wrote.
@@ -88,7 +88,7 @@ impl Shared {
 
 /// The running server. Dropping it stops it.
 pub struct ApiServer {
-    shared: Shared,
+    shared: ServerState,
     url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -104,7 +104,7 @@ impl ApiServer {
     /// Starts a server on an ephemeral port of 127.0.0.1.
     pub fn start() -> ApiServer {
         let (live, _) = broadcast::channel(4096);
-        let shared = Shared {
+        let shared = ServerState {
             inner: Arc::new(Mutex::new(Inner {
                 rv: 100,
                 ..Inner::default()
@@ -362,7 +362,7 @@ fn on_node(pod: &Value, node: Option<&str>) -> bool {
     node.is_none_or(|n| pod["spec"]["nodeName"].as_str() == Some(n))
 }
 
-async fn version(State(shared): State<Shared>) -> Response {
+async fn version(State(shared): State<ServerState>) -> Response {
     shared.lock().requests.push("GET /version".to_owned());
     let body = json!({
         "major": "1", "minor": "34", "emulationMajor": "1", "emulationMinor": "34",
@@ -378,7 +378,7 @@ async fn version(State(shared): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn not_found(method: Method, uri: Uri, State(shared): State<Shared>) -> Response {
+async fn not_found(method: Method, uri: Uri, State(shared): State<ServerState>) -> Response {
     shared.lock().requests.push(format!("{method} {uri}"));
     status(
         StatusCode::NOT_FOUND,
@@ -387,7 +387,7 @@ async fn not_found(method: Method, uri: Uri, State(shared): State<Shared>) -> Re
     )
 }
 
-async fn pods(State(shared): State<Shared>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
+async fn pods(State(shared): State<ServerState>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
     let q = query_map(raw.as_deref());
     {
         let mut s = shared.lock();
@@ -412,7 +412,7 @@ async fn pods(State(shared): State<Shared>, uri: Uri, RawQuery(raw): RawQuery) -
     }
 }
 
-fn list(shared: Shared, q: HashMap<String, String>, node: Option<String>) -> Response {
+fn list(shared: ServerState, q: HashMap<String, String>, node: Option<String>) -> Response {
     let mut s = shared.lock();
     let limit: usize = q
         .get("limit")
@@ -478,7 +478,7 @@ fn frame(kind: &str, object: &Value) -> Result<Bytes, std::io::Error> {
     Ok(Bytes::from(line))
 }
 
-fn watch(shared: Shared, q: HashMap<String, String>, node: Option<String>) -> Response {
+fn watch(shared: ServerState, q: HashMap<String, String>, node: Option<String>) -> Response {
     let from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -567,7 +567,7 @@ fn watch(shared: Shared, q: HashMap<String, String>, node: Option<String>) -> Re
 }
 
 async fn event(
-    State(shared): State<Shared>,
+    State(shared): State<ServerState>,
     UrlPath(ns): UrlPath<String>,
     uri: Uri,
     body: Bytes,
@@ -582,7 +582,7 @@ async fn event(
 }
 
 async fn event_patch(
-    State(shared): State<Shared>,
+    State(shared): State<ServerState>,
     UrlPath((ns, _name)): UrlPath<(String, String)>,
     uri: Uri,
     body: Bytes,
@@ -591,7 +591,7 @@ async fn event_patch(
 }
 
 fn record_event(
-    shared: &Shared,
+    shared: &ServerState,
     request: String,
     ns: &str,
     body: &[u8],

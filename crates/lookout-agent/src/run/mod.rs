@@ -145,7 +145,7 @@ async fn run_async(
         Output::Json
     });
     let metrics = std::sync::Arc::new(crate::serve::Metrics::new());
-    let shared = std::sync::Arc::new(crate::serve::Shared {
+    let shared = std::sync::Arc::new(crate::serve::Endpoints {
         metrics: std::sync::Arc::clone(&metrics),
         ready: std::sync::RwLock::new(None),
         hook: std::sync::OnceLock::new(),
@@ -281,7 +281,8 @@ async fn discover(
         ..
     } = backends;
 
-    let mut sink = merge::Shared::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
+    let mut sink =
+        merge::MergeSink::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
     if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
         sink.set_index(i.index());
         if fallback.is_some() {
@@ -290,7 +291,7 @@ async fn discover(
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let spawn_informer =
-        |i: lookout_informer::Informer, sink: merge::Shared<HubSink<HookSink<StdoutSink>>>| {
+        |i: lookout_informer::Informer, sink: merge::MergeSink<HubSink<HookSink<StdoutSink>>>| {
             let mut stop = stop_rx.clone();
             side.spawn(async move {
                 let mut sink = sink;
@@ -440,7 +441,7 @@ fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u
     Ok(id)
 }
 
-fn set_ready(shared: &crate::serve::Shared, body: String) {
+fn set_ready(shared: &crate::serve::Endpoints, body: String) {
     if let Ok(mut r) = shared.ready.write() {
         *r = Some(body);
     }

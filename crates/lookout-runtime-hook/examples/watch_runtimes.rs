@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo xtask build-ebpf
-//! sudo cargo run -p lookout-runtime-hook --example watch -- target/bpf/lookout-ebpf.o /usr/sbin/runc
+//! sudo cargo run -p lookout-runtime-hook --example watch_runtimes -- target/bpf/lookout-ebpf.o /usr/sbin/runc
 //! ```
 
 use std::path::PathBuf;
