@@ -9,10 +9,34 @@
 //! watches this copy (`--no-default-runtimes --runtime-path COPY`) sees this
 //! node's containers and no other test's.
 //!
+//! The node has two images, built here without a registry
+//! ([`PAUSE_IMAGE`], its sandbox image, and [`BUSYBOX_IMAGE`]), and
+//! [`Kubelet`] (blocking) or [`Client`] (async) drive it over CRI.
+//!
 //! ```no_run
-//! let node = lookout_testsupport::cri::CriNode::start().unwrap();
+//! use lookout_testsupport::cri::{BUSYBOX_IMAGE, CriNode, PodSpec};
+//! let node = CriNode::start().unwrap();
 //! println!("CRI on {}, NRI on {}", node.socket().display(), node.nri_socket().display());
+//! let mut kubelet = node.kubelet().unwrap();
+//! let spec = PodSpec::new("default", "web")
+//!     .label("app", "web")
+//!     .container("app", BUSYBOX_IMAGE, &["sleep", "60"]);
+//! let pod = kubelet.run_pod(&spec).unwrap();
+//! kubelet.remove_pod(&pod).unwrap();
 //! ```
+
+mod client;
+mod image;
+
+pub use client::{Client, ContainerSpec, Kubelet, Pod, PodSpec, Status};
+pub use image::{BUSYBOX_IMAGE, PAUSE_IMAGE, busybox_archive, pause_archive};
+
+/// The CRI API (kubernetes/cri-api `runtime.v1`, vendored in
+/// `proto/api.proto`): messages and the generated tonic clients.
+#[allow(missing_docs, clippy::all, clippy::unwrap_used)]
+pub mod api {
+    tonic::include_proto!("runtime.v1");
+}
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -70,6 +94,7 @@ pub struct CriNode {
     root: PathBuf,
     log: PathBuf,
     started_in: Duration,
+    ready_in: Duration,
 }
 
 impl std::fmt::Debug for CriNode {
@@ -84,9 +109,106 @@ impl std::fmt::Debug for CriNode {
 
 impl CriNode {
     /// Starts containerd 1.7 (see [`containerd17`]) with its own root,
-    /// state, sockets and runc copy, NRI enabled, and waits until it
-    /// answers on its socket and its NRI socket exists. Needs root.
+    /// state, sockets and runc copy, NRI enabled, waits until it answers
+    /// CRI and its NRI socket accepts connections, and imports
+    /// [`PAUSE_IMAGE`] and [`BUSYBOX_IMAGE`]. Needs root. Callable from
+    /// async code too (the CRI calls run on a thread of their own).
     pub fn start() -> io::Result<CriNode> {
+        let mut node = CriNode::start_bare()?;
+        let t0 = Instant::now();
+        let deadline = t0 + START_TIMEOUT;
+        std::thread::scope(|s| {
+            s.spawn(|| node.cri_ready_with_images(deadline))
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the CRI readiness thread panicked")))
+        })?;
+        node.ready_in = node.started_in + t0.elapsed();
+        Ok(node)
+    }
+
+    /// Waits until CRI answers `Version`, imports the images and waits
+    /// until CRI lists them.
+    fn cri_ready_with_images(&self, deadline: Instant) -> io::Result<()> {
+        let mut kubelet = self.kubelet()?;
+        loop {
+            match kubelet.version() {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(io::Error::other(format!(
+                        "CRI never answered Version: {e}; log:\n{}",
+                        self.log()
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        for (name, archive) in [
+            (PAUSE_IMAGE, pause_archive()?),
+            (BUSYBOX_IMAGE, busybox_archive()?),
+        ] {
+            self.import(name, archive)?;
+        }
+        for name in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
+            loop {
+                match kubelet.block_on(async |c: &mut Client| c.has_image(name).await) {
+                    Ok(true) => break,
+                    other if Instant::now() >= deadline => {
+                        return Err(io::Error::other(format!(
+                            "CRI does not see the imported {name}: {other:?}; log:\n{}",
+                            self.log()
+                        )));
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Imports the OCI archive `archive` into namespace `k8s.io` as
+    /// `name` (`ctr image import --index-name NAME -`).
+    pub fn import(&self, name: &str, archive: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let err = tempfile::tempfile()?;
+        let mut child = Command::new(self.bin.join("ctr"))
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io", "image", "import", "--index-name", name, "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(err.try_clone()?)
+            .spawn()?;
+        let wrote = child.stdin.take().map(|mut i| i.write_all(archive));
+        let status = child.wait()?;
+        if !status.success() || !matches!(wrote, Some(Ok(()))) {
+            let mut text = String::new();
+            let mut err = err;
+            let _ = std::io::Seek::rewind(&mut err);
+            let _ = std::io::Read::read_to_string(&mut err, &mut text);
+            return Err(io::Error::other(format!(
+                "ctr image import {name}: {status}, {wrote:?}: {text}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A blocking CRI client on this node (pods' logs under
+    /// `<dir>/pods`). Not from inside an async runtime: use
+    /// [`CriNode::client`] there.
+    pub fn kubelet(&self) -> io::Result<Kubelet> {
+        Kubelet::connect(&self.socket, Some(&self.dir().join("pods")))
+    }
+
+    /// An async CRI client on this node (pods' logs under `<dir>/pods`).
+    pub async fn client(&self) -> io::Result<Client> {
+        Ok(Client::connect(&self.socket)
+            .await?
+            .with_log_root(&self.dir().join("pods")))
+    }
+
+    /// [`CriNode::start`] without the CRI readiness and the images: ready
+    /// when the containerd and NRI sockets accept connections.
+    pub fn start_bare() -> io::Result<CriNode> {
         let bin = containerd17();
         let containerd = bin.join("containerd");
         if !containerd.is_file() {
@@ -206,9 +328,11 @@ disabled_plugins = [
             root,
             log,
             started_in: Duration::ZERO,
+            ready_in: Duration::ZERO,
         };
         node.wait_ready(t0 + START_TIMEOUT)?;
         node.started_in = t0.elapsed();
+        node.ready_in = node.started_in;
         Ok(node)
     }
 
@@ -301,9 +425,17 @@ disabled_plugins = [
         &self.log
     }
 
-    /// How long containerd took from spawn to ready.
+    /// How long containerd took from spawn to its sockets accepting
+    /// connections.
     pub fn started_in(&self) -> Duration {
         self.started_in
+    }
+
+    /// How long [`CriNode::start`] took from spawn to CRI ready with the
+    /// images imported (as [`CriNode::started_in`] for
+    /// [`CriNode::start_bare`]).
+    pub fn ready_in(&self) -> Duration {
+        self.ready_in
     }
 
     /// The process id of containerd.
@@ -354,24 +486,51 @@ disabled_plugins = [
             .collect()
     }
 
+    /// The sockets of this node's shims, from the tasks' `address` files
+    /// (`<state>/io.containerd.runtime.v2.task/<namespace>/<id>/address`).
+    fn shim_sockets(&self) -> Vec<PathBuf> {
+        let tasks = self.dir().join("state/io.containerd.runtime.v2.task");
+        let dirs = |d: &Path| {
+            std::fs::read_dir(d)
+                .map(|r| r.flatten().map(|e| e.path()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let mut sockets: Vec<PathBuf> = dirs(&tasks)
+            .iter()
+            .flat_map(|ns| dirs(ns))
+            .filter_map(|task| std::fs::read_to_string(task.join("address")).ok())
+            .filter_map(|a| a.trim().strip_prefix("unix://").map(PathBuf::from))
+            .filter(|p| p.starts_with("/run/containerd/s/"))
+            .collect();
+        sockets.sort();
+        sockets.dedup();
+        sockets
+    }
+
     fn cleanup(&mut self) {
-        // Containers first (runc through the node's own state root), so
-        // that no process of the node outlives it.
-        if let Ok(out) = Command::new(&self.runc)
-            .arg("--root")
-            .arg(&self.runc_root)
-            .args(["list", "-q"])
-            .stderr(Stdio::null())
-            .output()
-        {
-            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new(&self.runc)
+        // A killed shim leaves its socket (`/run/containerd/s/<hash>`,
+        // named in each task's `address` file).
+        let shim_sockets = self.shim_sockets();
+        // Containers first (runc through the node's own state root, one
+        // directory per containerd namespace), so that no process of the
+        // node outlives it.
+        let roots = std::fs::read_dir(&self.runc_root)
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for root in roots {
+            let runc = |args: &[&str]| {
+                Command::new(&self.runc)
                     .arg("--root")
-                    .arg(&self.runc_root)
-                    .args(["delete", "--force", id])
-                    .stdout(Stdio::null())
+                    .arg(&root)
+                    .args(args)
+                    .stdin(Stdio::null())
                     .stderr(Stdio::null())
-                    .status();
+                    .output()
+            };
+            if let Ok(out) = runc(&["list", "-q"]) {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = runc(&["delete", "--force", id]);
+                }
             }
         }
         if let Some(mut child) = self.child.take() {
@@ -393,6 +552,9 @@ disabled_plugins = [
         for pid in self.shims() {
             // SAFETY: kill(2) on a shim this node's containerd started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for s in shim_sockets {
+            let _ = std::fs::remove_file(s);
         }
         if let Some(dir) = self.dir.take() {
             unmount_under(dir.path());
