@@ -47,6 +47,7 @@ pub use lookout_model::Sink;
 pub use lookout_model::proc;
 pub use scan::{Scanner, scan_state, scan_state_in};
 pub use stats::{Health, Observer, Stats};
+pub use untrusted::Refused;
 
 use std::path::PathBuf;
 
@@ -73,27 +74,50 @@ pub enum Error {
     #[error("starting the permission thread")]
     Thread(#[source] std::io::Error),
     /// A config.json could not be used.
-    #[error("config {}: {reason}", path.display())]
+    #[error("config {}", path.display())]
     Config {
         /// The file.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: Problem,
     },
     /// A runtime state file could not be used.
-    #[error("state {}: {reason}", path.display())]
+    #[error("state {}", path.display())]
     State {
         /// The file.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: Problem,
     },
     /// A pid file could not be used.
-    #[error("pid file {}: {reason}", path.display())]
+    #[error("pid file {}", path.display())]
     PidFile {
         /// The file.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: Problem,
     },
+}
+
+/// Why a file a runtime points at (config.json, state, pid file) could not
+/// be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Problem {
+    /// It was refused or could not be read (see [`untrusted`]).
+    #[error(transparent)]
+    Refused(#[from] untrusted::Refused),
+    /// It is not the JSON expected.
+    #[error("invalid JSON")]
+    Json(#[from] serde_json::Error),
+    /// Its content is not acceptable, for this reason.
+    #[error("{0}")]
+    Invalid(String),
+    /// It was not read within the deadline (a hung file system), or too
+    /// many reads are stuck already.
+    #[error("{0}")]
+    NotInTime(&'static str),
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::Error;
+use crate::{Error, Problem};
 
 /// Largest config.json read (runc's own limit is far smaller in practice).
 pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
@@ -62,15 +62,13 @@ pub fn read_config_bytes_under(
     };
     match config {
         Some(c) if c.is_absolute() => crate::untrusted::read(host_root, c, policy),
-        _ => crate::untrusted::open_dir(host_root, bundle)
-            .map_err(|e| format!("bundle: {e}"))
-            .and_then(|dir| {
-                crate::untrusted::read_in(&dir, config.unwrap_or(Path::new("config.json")), policy)
-            }),
+        _ => crate::untrusted::open_dir(host_root, bundle).and_then(|dir| {
+            crate::untrusted::read_in(&dir, config.unwrap_or(Path::new("config.json")), policy)
+        }),
     }
-    .map_err(|reason| Error::Config {
+    .map_err(|e| Error::Config {
         path: config_path(bundle, config),
-        reason,
+        source: e.into(),
     })
 }
 
@@ -91,7 +89,7 @@ pub async fn read_config_bytes_async(
     .unwrap_or_else(|why| {
         Err(Error::Config {
             path,
-            reason: why.to_owned(),
+            source: Problem::NotInTime(why),
         })
     })
 }
@@ -109,9 +107,9 @@ pub fn read_config_under(
 ) -> Result<OciConfig, Error> {
     let bytes = read_config_bytes_under(host_root, bundle, config)?;
     let path = config_path(bundle, config);
-    let err = |reason: String| Error::Config {
+    let err = |source: Problem| Error::Config {
         path: path.clone(),
-        reason,
+        source,
     };
     let (cfg, dropped) = parse_config(&bytes).map_err(err)?;
     if let Some(dropped) = dropped {
@@ -127,9 +125,8 @@ pub fn read_config_under(
 /// Parses the bytes of a `config.json` (the fields lookout uses), keeping
 /// annotations within [`MAX_ANNOTATION_BYTES`] and [`MAX_ANNOTATIONS`];
 /// returns the config and how many annotations were dropped, if any.
-pub fn parse_config(bytes: &[u8]) -> Result<(OciConfig, Option<usize>), String> {
-    let mut cfg: OciConfig =
-        serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+pub fn parse_config(bytes: &[u8]) -> Result<(OciConfig, Option<usize>), Problem> {
+    let mut cfg: OciConfig = serde_json::from_slice(bytes)?;
     let dropped = bound_annotations(&mut cfg.annotations);
     Ok((cfg, dropped))
 }
@@ -194,7 +191,7 @@ pub fn read_config_within(
     .unwrap_or_else(|why| {
         Err(Error::Config {
             path,
-            reason: why.to_owned(),
+            source: Problem::NotInTime(why),
         })
     })
 }
@@ -216,7 +213,7 @@ pub async fn read_config_async(
     .unwrap_or_else(|why| {
         Err(Error::Config {
             path,
-            reason: why.to_owned(),
+            source: Problem::NotInTime(why),
         })
     })
 }
@@ -375,14 +372,33 @@ mod tests {
         let d = tempfile::tempdir().expect("tempdir");
         std::fs::write(d.path().join("config.json"), b"{not json").expect("write");
         let e = read_config(d.path(), None).expect_err("invalid");
-        assert!(e.to_string().contains("invalid JSON"), "{e}");
+        // The cause is kept as a source and printed once, by the chain.
+        let chain = lookout_model::Chain(&e).to_string();
+        assert!(chain.starts_with("config "), "{chain}");
+        assert_eq!(chain.matches("invalid JSON").count(), 1, "{chain}");
+        assert!(!e.to_string().contains("invalid JSON"), "{e}");
+        assert!(
+            matches!(
+                &e,
+                Error::Config {
+                    source: Problem::Json(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
 
         let outside = tempfile::NamedTempFile::new().expect("tmp");
         std::fs::write(outside.path(), b"{}").expect("write");
         let b = tempfile::tempdir().expect("tempdir");
         std::os::unix::fs::symlink(outside.path(), b.path().join("config.json")).expect("symlink");
         let e = read_config(b.path(), None).expect_err("escapes");
-        assert!(e.to_string().contains("a symlink (not followed)"), "{e}");
+        assert!(
+            lookout_model::Chain(&e)
+                .to_string()
+                .contains("a symlink (not followed)"),
+            "{e}"
+        );
         // A config.json symlinked to an absolute path resolves inside the
         // bundle: the outside file is never read.
         let inside = tempfile::tempdir().expect("tempdir");
@@ -406,7 +422,12 @@ mod tests {
         // SAFETY: mkfifo with a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
         let e = read_config(fifo.path(), None).expect_err("a fifo");
-        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(
+            lookout_model::Chain(&e)
+                .to_string()
+                .contains("not a regular file"),
+            "{e}"
+        );
     }
 
     /// The two tests below share the process-wide count of stuck readers.

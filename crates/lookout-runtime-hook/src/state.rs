@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use lookout_model::RuntimeKind;
 use serde::Deserialize;
 
-use crate::Error;
+use crate::{Error, Problem};
 
 /// Largest state file read.
 const MAX_STATE_BYTES: u64 = 4 * 1024 * 1024;
@@ -159,12 +159,12 @@ const MAX_ROOT_ENTRIES: usize = 65_536;
 /// The names in the runtime root `root` (a host path under `host_root`),
 /// resolved as [`crate::untrusted`] resolves paths; at most
 /// 65,536.
-pub fn root_entries(host_root: &Path, root: &Path) -> Result<Vec<String>, String> {
+pub fn root_entries(host_root: &Path, root: &Path) -> Result<Vec<String>, Problem> {
     use std::os::fd::AsRawFd;
     let dir = crate::untrusted::open_dir(host_root, root)?;
     // An O_PATH handle cannot be listed; its /proc link reopens it.
     let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Problem::Refused(crate::untrusted::Refused::Read(e)))?;
     Ok(listing
         .take(MAX_ROOT_ENTRIES)
         .flatten()
@@ -189,23 +189,23 @@ pub fn read_state_under(
 ) -> Result<ContainerState, Error> {
     let mut path = state_file(runtime, root, id);
     if *runtime == RuntimeKind::Runsc {
-        let names = root_entries(host_root, root).map_err(|reason| Error::State {
+        let names = root_entries(host_root, root).map_err(|source| Error::State {
             path: path.clone(),
-            reason,
+            source,
         })?;
         let name =
             runsc_state_name(id, names.iter().map(String::as_str)).ok_or_else(|| Error::State {
                 path: path.clone(),
-                reason: "no such file".into(),
+                source: Problem::Invalid("no such file".into()),
             })?;
         path = root.join(name);
     }
     let bytes =
-        crate::untrusted::read(host_root, &path, STATE_POLICY).map_err(|reason| Error::State {
+        crate::untrusted::read(host_root, &path, STATE_POLICY).map_err(|e| Error::State {
             path: path.clone(),
-            reason,
+            source: e.into(),
         })?;
-    parse_state(runtime, id, &bytes).map_err(|reason| Error::State { path, reason })
+    parse_state(runtime, id, &bytes).map_err(|source| Error::State { path, source })
 }
 
 const STATE_POLICY: crate::untrusted::Policy = crate::untrusted::Policy {
@@ -226,16 +226,18 @@ pub fn parse_state(
     runtime: &RuntimeKind,
     id: &str,
     bytes: &[u8],
-) -> Result<ContainerState, String> {
+) -> Result<ContainerState, Problem> {
     match runtime {
         RuntimeKind::Runsc => {
-            let s: RunscState =
-                serde_json::from_slice(bytes).map_err(|e| format!("invalid runsc state: {e}"))?;
+            let s: RunscState = serde_json::from_slice(bytes)?;
             if s.sandbox.pid == 0 {
-                return Err("pid 0".into());
+                return Err(Problem::Invalid("pid 0".into()));
             }
             if s.id != id {
-                return Err(format!("state is for container {:?}", s.id));
+                return Err(Problem::Invalid(format!(
+                    "state is for container {:?}",
+                    s.id
+                )));
             }
             Ok(ContainerState {
                 id: s.id,
@@ -247,10 +249,9 @@ pub fn parse_state(
             })
         }
         RuntimeKind::Crun => {
-            let s: CrunStatus =
-                serde_json::from_slice(bytes).map_err(|e| format!("invalid crun status: {e}"))?;
+            let s: CrunStatus = serde_json::from_slice(bytes)?;
             if s.pid == 0 {
-                return Err("pid 0".into());
+                return Err(Problem::Invalid("pid 0".into()));
             }
             Ok(ContainerState {
                 id: id.to_owned(),
@@ -260,13 +261,15 @@ pub fn parse_state(
             })
         }
         _ => {
-            let s: RuncState = serde_json::from_slice(bytes)
-                .map_err(|e| format!("invalid runc state.json: {e}"))?;
+            let s: RuncState = serde_json::from_slice(bytes)?;
             if s.init_process_pid == 0 {
-                return Err("pid 0".into());
+                return Err(Problem::Invalid("pid 0".into()));
             }
             if s.id != id {
-                return Err(format!("state is for container {:?}", s.id));
+                return Err(Problem::Invalid(format!(
+                    "state is for container {:?}",
+                    s.id
+                )));
             }
             let bundle = s
                 .config
@@ -293,23 +296,23 @@ pub fn read_pid_file(path: &Path) -> Result<u32, Error> {
 /// Reads the pid file `path`, a host path resolved under `host_root` (see
 /// [`crate::untrusted`]): a regular file owned by root, at most 64 bytes.
 pub fn read_pid_file_under(host_root: &Path, path: &Path) -> Result<u32, Error> {
-    let err = |reason: String| Error::PidFile {
+    let err = |source: Problem| Error::PidFile {
         path: path.to_path_buf(),
-        reason,
+        source,
     };
-    let bytes = crate::untrusted::read(host_root, path, PID_POLICY).map_err(err)?;
+    let bytes = crate::untrusted::read(host_root, path, PID_POLICY).map_err(|e| err(e.into()))?;
     parse_pid(&bytes).map_err(err)
 }
 
 /// Parses a pid file's bytes: a decimal pid other than 0, surrounding
 /// white space allowed.
-pub fn parse_pid(bytes: &[u8]) -> Result<u32, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
+pub fn parse_pid(bytes: &[u8]) -> Result<u32, Problem> {
+    let text = std::str::from_utf8(bytes).map_err(|_| Problem::Invalid("not UTF-8".into()))?;
     match text.trim().parse::<u32>() {
-        Ok(0) | Err(_) => Err(format!(
+        Ok(0) | Err(_) => Err(Problem::Invalid(format!(
             "not a pid: {:?}",
             text.chars().take(32).collect::<String>()
-        )),
+        ))),
         Ok(pid) => Ok(pid),
     }
 }

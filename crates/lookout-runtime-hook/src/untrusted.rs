@@ -27,6 +27,66 @@ use std::path::{Component, Path, PathBuf};
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 
+/// Why an untrusted file was not read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The host root itself could not be opened.
+    #[error("host root {}", path.display())]
+    HostRoot {
+        /// The host root.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: nix::errno::Errno,
+    },
+    /// The last component is a symlink: not followed.
+    #[error("{}: a symlink (not followed)", path.display())]
+    Symlink {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The path resolves outside the host root (or the directory it was
+    /// opened in).
+    #[error("{}: resolves outside the host root", path.display())]
+    Outside {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// Opening the path failed.
+    #[error("{}", path.display())]
+    Open {
+        /// The path asked for.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: nix::errno::Errno,
+    },
+    /// `fstat` of the open file failed.
+    #[error("fstat")]
+    Stat(#[source] nix::errno::Errno),
+    /// A FIFO, device, socket or directory.
+    #[error("not a regular file (a FIFO, device, socket or directory)")]
+    NotRegular,
+    /// Not owned by root, where root must have written it.
+    #[error("owned by uid {uid}, not root: runtime state of a rootful runtime is written by root")]
+    NotRootOwned {
+        /// The owner.
+        uid: u32,
+    },
+    /// Larger than the policy allows.
+    #[error("{size} bytes, larger than the limit of {limit}")]
+    TooLarge {
+        /// The size seen (at least `limit + 1` when it grew while read).
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Reading the open file failed.
+    #[error("reading")]
+    Read(#[source] std::io::Error),
+}
+
 /// What a file must be to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -39,7 +99,7 @@ pub struct Policy {
 
 /// Opens the directory `path` (a host path) under `host_root`, resolved
 /// as in [`open`], as an `O_PATH` handle for [`open_in`].
-pub fn open_dir(host_root: &Path, path: &Path) -> Result<OwnedFd, String> {
+pub fn open_dir(host_root: &Path, path: &Path) -> Result<OwnedFd, Refused> {
     let root = open_root(host_root)?;
     resolve(
         &root,
@@ -51,13 +111,13 @@ pub fn open_dir(host_root: &Path, path: &Path) -> Result<OwnedFd, String> {
 /// Opens `path` (a host path, absolute or relative to the host root) under
 /// `host_root` as described in the module docs, and returns the open,
 /// checked file.
-pub fn open(host_root: &Path, path: &Path, policy: Policy) -> Result<std::fs::File, String> {
+pub fn open(host_root: &Path, path: &Path, policy: Policy) -> Result<std::fs::File, Refused> {
     open_in(&open_root(host_root)?, path, policy)
 }
 
 /// [`open`], with `dir` (from [`open_dir`]) as the root: `path` cannot
 /// leave `dir` either (absolute symlinks and `..` resolve inside it).
-pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::File, String> {
+pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::File, Refused> {
     let fd = resolve(
         dir,
         path,
@@ -67,35 +127,35 @@ pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::Fi
             | OFlag::O_NOCTTY
             | OFlag::O_CLOEXEC,
     )?;
-    let st = fstat(&fd).map_err(|e| format!("fstat: {e}"))?;
+    let st = fstat(&fd).map_err(Refused::Stat)?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err("not a regular file (a FIFO, device, socket or directory)".into());
+        return Err(Refused::NotRegular);
     }
     if policy.root_owned && st.st_uid != 0 {
-        return Err(format!(
-            "owned by uid {}, not root: runtime state of a rootful runtime is written by root",
-            st.st_uid
-        ));
+        return Err(Refused::NotRootOwned { uid: st.st_uid });
     }
     if st.st_size < 0 || st.st_size as u64 > policy.max_bytes {
-        return Err(format!(
-            "{} bytes, larger than the limit of {}",
-            st.st_size, policy.max_bytes
-        ));
+        return Err(Refused::TooLarge {
+            size: st.st_size.max(0) as u64,
+            limit: policy.max_bytes,
+        });
     }
     Ok(std::fs::File::from(fd))
 }
 
-fn open_root(host_root: &Path) -> Result<OwnedFd, String> {
+fn open_root(host_root: &Path) -> Result<OwnedFd, Refused> {
     nix::fcntl::open(
         host_root,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("host root {}: {e}", host_root.display()))
+    .map_err(|source| Refused::HostRoot {
+        path: host_root.to_path_buf(),
+        source,
+    })
 }
 
-fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, String> {
+fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, Refused> {
     let rel = relative(path);
     match openat2(
         dir,
@@ -116,24 +176,27 @@ fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, String> 
 }
 
 /// [`read`] of `path` inside `dir` (see [`open_in`]).
-pub fn read_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<Vec<u8>, String> {
+pub fn read_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<Vec<u8>, Refused> {
     read_all(open_in(dir, path, policy)?, policy)
 }
 
 /// Reads `path` under `host_root` (see [`open`]), at most
 /// `policy.max_bytes` bytes.
-pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, String> {
+pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, Refused> {
     read_all(open(host_root, path, policy)?, policy)
 }
 
-fn read_all(file: std::fs::File, policy: Policy) -> Result<Vec<u8>, String> {
+fn read_all(file: std::fs::File, policy: Policy) -> Result<Vec<u8>, Refused> {
     let mut bytes = Vec::new();
     file.take(policy.max_bytes + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(Refused::Read)?;
     // The size was checked at open; a file that grew since is refused too.
     if bytes.len() as u64 > policy.max_bytes {
-        return Err(format!("larger than the limit of {}", policy.max_bytes));
+        return Err(Refused::TooLarge {
+            size: bytes.len() as u64,
+            limit: policy.max_bytes,
+        });
     }
     Ok(bytes)
 }
@@ -157,11 +220,12 @@ fn relative(path: &Path) -> PathBuf {
     out
 }
 
-fn describe(e: nix::errno::Errno, path: &Path) -> String {
+fn describe(e: nix::errno::Errno, path: &Path) -> Refused {
+    let path = path.to_path_buf();
     match e {
-        nix::errno::Errno::ELOOP => format!("{}: a symlink (not followed)", path.display()),
-        nix::errno::Errno::EXDEV => format!("{}: resolves outside the host root", path.display()),
-        e => format!("{}: {e}", path.display()),
+        nix::errno::Errno::ELOOP => Refused::Symlink { path },
+        nix::errno::Errno::EXDEV => Refused::Outside { path },
+        source => Refused::Open { path, source },
     }
 }
 
@@ -203,12 +267,12 @@ mod tests {
         mkfifo(&root.path().join("fifo"));
         let t = std::time::Instant::now();
         let e = read(root.path(), Path::new("/fifo"), ANY).expect_err("a fifo");
-        assert!(e.contains("not a regular file"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
         let e = read(Path::new("/"), Path::new("/dev/zero"), ANY).expect_err("a device");
-        assert!(e.contains("not a regular file"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         let e = read(root.path(), Path::new("/"), ANY).expect_err("a directory");
-        assert!(e.contains("not a regular file"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]
@@ -219,7 +283,7 @@ mod tests {
         // The last component: not followed at all.
         symlink(outside.path(), root.path().join("last")).expect("symlink");
         let e = read(root.path(), Path::new("/last"), ANY).expect_err("symlink");
-        assert!(e.contains("symlink"), "{e}");
+        assert!(e.to_string().contains("symlink"), "{e}");
         // A directory symlink pointing at / resolves inside the root: the
         // outside file is not reached.
         symlink("/", root.path().join("up")).expect("symlink");
@@ -232,7 +296,7 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::write(root.path().join("big"), vec![b'x'; 2048]).expect("write");
         let e = read(root.path(), Path::new("/big"), ANY).expect_err("too big");
-        assert!(e.contains("larger than"), "{e}");
+        assert!(e.to_string().contains("larger than"), "{e}");
         std::fs::write(root.path().join("small"), b"1").expect("write");
         // SAFETY: geteuid has no preconditions.
         let root_owned = unsafe { libc::geteuid() } == 0;
@@ -248,7 +312,7 @@ mod tests {
         if root_owned {
             std::os::unix::fs::chown(root.path().join("small"), Some(65534), None).expect("chown");
             let e = read(root.path(), Path::new("/small"), strict).expect_err("not root's");
-            assert!(e.contains("owned by uid 65534"), "{e}");
+            assert!(e.to_string().contains("owned by uid 65534"), "{e}");
         }
     }
 }
