@@ -28,7 +28,7 @@
 mod client;
 mod image;
 
-pub use client::{Client, ContainerSpec, Kubelet, Pod, PodSpec, Status};
+pub use client::{Client, ContainerSpec, HostMount, Kubelet, Pod, PodSpec, Status};
 pub use image::{BUSYBOX_IMAGE, PAUSE_IMAGE, busybox_archive, pause_archive};
 
 /// The CRI API (kubernetes/cri-api `runtime.v1`, vendored in
@@ -110,7 +110,7 @@ impl std::fmt::Debug for CriNode {
 impl CriNode {
     /// Starts containerd 1.7 (see [`containerd17`]) with its own root,
     /// state, sockets and runc copy, NRI enabled, waits until it answers
-    /// CRI and its NRI socket accepts connections, and imports
+    /// CRI (its NRI socket listens by then), and imports
     /// [`PAUSE_IMAGE`] and [`BUSYBOX_IMAGE`]. Needs root. Callable from
     /// async code too (the CRI calls run on a thread of their own).
     pub fn start() -> io::Result<CriNode> {
@@ -207,7 +207,8 @@ impl CriNode {
     }
 
     /// [`CriNode::start`] without the CRI readiness and the images: ready
-    /// when the containerd and NRI sockets accept connections.
+    /// when the containerd socket accepts connections and the NRI socket
+    /// exists.
     pub fn start_bare() -> io::Result<CriNode> {
         let bin = containerd17();
         let containerd = bin.join("containerd");
@@ -336,8 +337,8 @@ disabled_plugins = [
         Ok(node)
     }
 
-    /// Polls until containerd accepts connections on its socket and has
-    /// created its NRI socket, or fails at `deadline` (or when containerd
+    /// Polls until containerd accepts connections on its socket (which it
+    /// does after its NRI socket listens), or fails at `deadline` (or when containerd
     /// exits), with the log.
     fn wait_ready(&mut self, deadline: Instant) -> io::Result<()> {
         loop {
@@ -360,8 +361,11 @@ disabled_plugins = [
                     "containerd's CRI plugin did not load: {line}\nlog:\n{log}"
                 )));
             }
+            // containerd serves its socket once every plugin is loaded:
+            // NRI listens by then. (A test connection to the NRI socket
+            // would be logged as a plugin that failed to register.)
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-                && std::os::unix::net::UnixStream::connect(&self.nri_socket).is_ok()
+                && self.nri_socket.exists()
             {
                 return Ok(());
             }

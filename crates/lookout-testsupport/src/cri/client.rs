@@ -43,6 +43,19 @@ pub struct ContainerSpec {
     /// Its argv: the CRI `command` (as a pod's `command:` replaces the
     /// image's entrypoint).
     pub args: Vec<String>,
+    /// Host directories or files bind-mounted into it.
+    pub mounts: Vec<HostMount>,
+}
+
+/// A bind mount from the host into a container (a `hostPath` volume).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostMount {
+    /// The path on the host.
+    pub host_path: PathBuf,
+    /// Where it appears in the container.
+    pub container_path: String,
+    /// Mounted read-only.
+    pub readonly: bool,
 }
 
 impl PodSpec {
@@ -74,7 +87,26 @@ impl PodSpec {
             name: name.into(),
             image: image.into(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            mounts: Vec::new(),
         });
+        self
+    }
+
+    /// Bind-mounts `host_path` at `container_path` in the container added
+    /// last.
+    ///
+    /// # Panics
+    /// If no container was added yet.
+    pub fn mount(mut self, host_path: &Path, container_path: &str, readonly: bool) -> PodSpec {
+        self.containers
+            .last_mut()
+            .expect("PodSpec::mount after PodSpec::container")
+            .mounts
+            .push(HostMount {
+                host_path: host_path.to_path_buf(),
+                container_path: container_path.into(),
+                readonly,
+            });
         self
     }
 }
@@ -251,6 +283,16 @@ impl Client {
             }),
             image: Some(image_spec(&c.image)),
             command: c.args.clone(),
+            mounts: c
+                .mounts
+                .iter()
+                .map(|m| api::Mount {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.to_string_lossy().into_owned(),
+                    readonly: m.readonly,
+                    ..Default::default()
+                })
+                .collect(),
             labels: labels.into_iter().collect(),
             annotations: [
                 ("io.kubernetes.container.restartCount", "0"),
