@@ -75,6 +75,7 @@ pub fn container_pb(l: &Live) -> pb::Container {
             .unwrap_or_default(),
         cgroup: c.cgroup.clone().unwrap_or_default(),
         sandbox: c.sandbox.clone().unwrap_or_default(),
+        pod_sandbox: c.pod_sandbox,
         annotations: c.annotations.clone().into_iter().collect(),
         args: c.args.clone(),
         kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {

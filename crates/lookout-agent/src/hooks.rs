@@ -439,15 +439,16 @@ impl Dispatcher {
                 }
                 // Registered now, before `emit` returns: the runtime hook
                 // asks for the barrier right after reporting the container.
-                let barrier =
-                    (runs && event.source == Source::RuntimeHook && c.status == Status::Created)
-                        .then(|| {
-                            let (tx, rx) = watch::channel(false);
-                            if let Ok(mut b) = self.barriers.lock() {
-                                b.insert(c.id.clone(), rx);
-                            }
-                            tx
-                        });
+                let barrier = (runs
+                    && matches!(event.source, Source::RuntimeHook | Source::Nri)
+                    && c.status == Status::Created)
+                    .then(|| {
+                        let (tx, rx) = watch::channel(false);
+                        if let Ok(mut b) = self.barriers.lock() {
+                            b.insert(c.id.clone(), rx);
+                        }
+                        tx
+                    });
                 let d = Arc::clone(self);
                 let e = event.clone();
                 self.side.spawn(async move {

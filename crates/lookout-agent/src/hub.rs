@@ -545,9 +545,12 @@ impl Hub {
             }
         });
         drop(s);
+        // A created container whose start the runtime hook or NRI holds;
+        // never a pod's sandbox (pause): nothing of the pod runs in it.
         let holdable = self.can_hold.load(Ordering::Relaxed)
-            && event.source == Source::RuntimeHook
-            && event.container.status == Status::Created;
+            && matches!(event.source, Source::RuntimeHook | Source::Nri)
+            && event.container.status == Status::Created
+            && !event.container.pod_sandbox;
         if event.event == EventKind::Added && holdable {
             // Ask now, while the runtime is between `create` and `start`:
             // a subscriber that answers before `start` costs the start

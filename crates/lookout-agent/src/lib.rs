@@ -29,6 +29,7 @@ mod grpc;
 mod hooks;
 mod hub;
 mod merge;
+mod nri;
 mod run;
 mod serve;
 

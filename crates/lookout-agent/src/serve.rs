@@ -81,6 +81,8 @@ pub struct Metrics {
     tracked: Gauge<i64, AtomicI64>,
     stdout_late: Counter,
     stdout_dropped: Counter,
+    nri_late: Counter,
+    nri_disconnects: Counter,
     recovered: Counter,
     without_argv: Counter,
     missed: Family<MissedLabels, Counter>,
@@ -138,6 +140,20 @@ impl Metrics {
             "containers_tracked",
             "Containers added and not yet removed",
             tracked.clone(),
+        );
+        let nri_late = Counter::default();
+        registry.register(
+            "nri_late_starts",
+            "NRI: container starts that went on before their barrier (prestart hooks, gates) \
+             decided, at the plugin's deadline under the runtime's request timeout",
+            nri_late.clone(),
+        );
+        let nri_disconnects = Counter::default();
+        registry.register(
+            "nri_disconnects",
+            "NRI: connections to the runtime that ended (each is followed by a reconnect and a \
+             resynchronization)",
+            nri_disconnects.clone(),
         );
         let stdout_late = Counter::default();
         registry.register(
@@ -226,6 +242,8 @@ impl Metrics {
             tracked,
             stdout_late,
             stdout_dropped,
+            nri_late,
+            nri_disconnects,
         }
     }
 
@@ -262,6 +280,14 @@ impl Metrics {
 
     pub fn stdout_late(&self) {
         self.stdout_late.inc();
+    }
+
+    pub fn nri_late(&self) {
+        self.nri_late.inc();
+    }
+
+    pub fn nri_disconnect(&self) {
+        self.nri_disconnects.inc();
     }
 
     pub fn stdout_dropped(&self) {

@@ -192,6 +192,10 @@ pub enum Source {
     StateScan,
     /// The Kubernetes Pod informer.
     Informer,
+    /// The runtime, through NRI (CreateContainer, StartContainer, ...).
+    Nri,
+    /// NRI's Synchronize: what already ran when lookout registered.
+    NriSync,
 }
 
 impl fmt::Display for Source {
@@ -200,6 +204,8 @@ impl fmt::Display for Source {
             Source::RuntimeHook => "runtime-hook",
             Source::StateScan => "state-scan",
             Source::Informer => "informer",
+            Source::Nri => "nri",
+            Source::NriSync => "nri-sync",
         })
     }
 }
@@ -268,6 +274,11 @@ pub struct Container {
     /// the CRI annotations in config.json or from the Pod informer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub kubernetes: Option<Kubernetes>,
+    /// A pod's sandbox (the pause container, or NRI's pod sandbox), not
+    /// one of its containers: it carries the pod's identity, with no
+    /// container name.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub pod_sandbox: bool,
 }
 
 /// The Kubernetes identity of a container.
@@ -294,7 +305,8 @@ impl Kubernetes {
     /// Reads the annotations the CRI runtimes put in config.json:
     /// containerd's `io.kubernetes.cri.*` and CRI-O's `io.kubernetes.pod.*`
     /// / `io.kubernetes.container.name`. `None` when there are none (not a
-    /// Kubernetes container) or for a pod sandbox (pause) container.
+    /// Kubernetes container). A pod sandbox (pause) container gets its
+    /// pod's identity, with no container name (see [`is_pod_sandbox`]).
     ///
     /// ```
     /// use std::collections::BTreeMap;
@@ -310,14 +322,7 @@ impl Kubernetes {
     /// ```
     pub fn from_annotations(a: &BTreeMap<String, String>) -> Option<Kubernetes> {
         let get = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k).cloned());
-        if get(&[
-            "io.kubernetes.cri.container-type",
-            "io.kubernetes.cri-o.ContainerType",
-        ])
-        .is_some_and(|t| t == "sandbox")
-        {
-            return None;
-        }
+        let sandbox = is_pod_sandbox(a);
         let k = Kubernetes {
             namespace: get(&[
                 "io.kubernetes.cri.sandbox-namespace",
@@ -328,7 +333,8 @@ impl Kubernetes {
             container: get(&[
                 "io.kubernetes.cri.container-name",
                 "io.kubernetes.container.name",
-            ]),
+            ])
+            .filter(|_| !sandbox),
             image: get(&[
                 "io.kubernetes.cri.image-name",
                 "io.kubernetes.cri-o.ImageName",
@@ -337,6 +343,31 @@ impl Kubernetes {
         };
         (k != Kubernetes::default()).then_some(k)
     }
+}
+
+/// Whether a container's annotations mark it as a pod's sandbox (pause)
+/// container: containerd's `io.kubernetes.cri.container-type: sandbox`,
+/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// let a = BTreeMap::from([
+///     ("io.kubernetes.cri.container-type".to_owned(), "sandbox".to_owned()),
+///     ("io.kubernetes.cri.sandbox-namespace".to_owned(), "default".to_owned()),
+///     ("io.kubernetes.cri.sandbox-name".to_owned(), "web-0".to_owned()),
+/// ]);
+/// assert!(lookout_model::is_pod_sandbox(&a));
+/// let k = lookout_model::Kubernetes::from_annotations(&a).unwrap();
+/// assert_eq!(k.pod.as_deref(), Some("web-0"));
+/// assert_eq!(k.container, None);
+/// ```
+pub fn is_pod_sandbox(a: &BTreeMap<String, String>) -> bool {
+    [
+        "io.kubernetes.cri.container-type",
+        "io.kubernetes.cri-o.ContainerType",
+    ]
+    .iter()
+    .any(|k| a.get(*k).is_some_and(|t| t == "sandbox"))
 }
 
 impl Container {
@@ -356,6 +387,7 @@ impl Container {
             runtime_root: None,
             kubernetes: None,
             sandbox: None,
+            pod_sandbox: false,
         }
     }
 }

@@ -21,6 +21,7 @@ pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, stat
     if let Some(cfg) = config {
         c.annotations = cfg.annotations.clone();
         c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
+        c.pod_sandbox = lookout_model::is_pod_sandbox(&c.annotations);
         c.hostname = cfg.hostname.clone();
         c.args = cfg
             .process

@@ -1103,30 +1103,10 @@ fn unreadable(host_root: &Path, p: &Pending, id: &str, why: String) -> Unresolve
 
 /// Kills the init process of a container whose start was denied: it waits
 /// in the runtime's init for a `start` that will not come, and a later
-/// `start` must not run it either. Through a pidfd, so that a recycled pid
-/// is never hit; the exit is then seen like any other.
+/// `start` must not run it either. The exit is then seen like any other.
 fn kill_init(id: &str, pid: u32) {
-    let killed = crate::pidfd::pidfd_open(pid).and_then(|fd| {
-        use std::os::fd::AsRawFd;
-        // SAFETY: pidfd_send_signal takes an fd, a signal, a null siginfo
-        // and flags; the fd is open for the duration of the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    });
-    if let Err(e) = killed {
-        tracing::warn!(id, pid, %e, "could not kill the init of a denied container");
+    if let Err(e) = pidfd::kill(pid) {
+        tracing::warn!(id, pid, error = %e, "could not kill the init of a denied container");
     }
 }
 

@@ -56,3 +56,25 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
     )];
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
+
+/// Sends SIGKILL to process `pid` through a pidfd, so that a pid recycled
+/// meanwhile is never hit (the open fails or names the old process).
+pub fn kill(pid: u32) -> std::io::Result<()> {
+    let fd = pidfd_open(pid)?;
+    // SAFETY: pidfd_send_signal takes an fd, a signal, a null siginfo and
+    // flags; the fd is open for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

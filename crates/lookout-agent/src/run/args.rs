@@ -29,6 +29,20 @@ pub enum ModeArg {
     Podinformer,
     /// Scan runtime state directories.
     Scan,
+    /// NRI alone: the CRI runtime's pods and containers, nothing else
+    /// (see `--nri` for NRI beside another mode).
+    Nri,
+}
+
+/// Whether NRI runs beside the discovery mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NriArg {
+    /// When the runtime's NRI socket accepts lookout's registration.
+    Auto,
+    /// Always: a runtime that does not accept it is an error.
+    On,
+    /// Never.
+    Off,
 }
 
 impl ModeArg {
@@ -40,6 +54,7 @@ impl ModeArg {
             ModeArg::Fanotify => Some(Mode::Fanotify),
             ModeArg::Podinformer => Some(Mode::PodInformer),
             ModeArg::Scan => Some(Mode::Scan),
+            ModeArg::Nri => None,
         }
     }
 }
@@ -121,6 +136,24 @@ pub struct RunArgs {
     /// hung file system costs the one container involved at most this.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub(crate) answer_deadline: Duration,
+    /// NRI beside the discovery mode: for CRI pods and containers,
+    /// sandboxed runtimes (gVisor, Kata) included, with the runtime's own
+    /// view (`--mode nri`: NRI alone).
+    #[arg(long, value_enum, default_value = "auto", env = "LOOKOUT_NRI")]
+    pub(crate) nri: NriArg,
+    /// The runtime's NRI socket, a host path.
+    #[arg(
+        long,
+        env = "LOOKOUT_NRI_SOCKET",
+        default_value = lookout_nri::DEFAULT_SOCKET,
+        value_parser = absolute_path
+    )]
+    pub(crate) nri_socket: PathBuf,
+    /// The longest a container's start waits in NRI for its prestart hooks
+    /// and gates; kept under the runtime's request timeout (2 s), past
+    /// which the runtime would drop lookout's plugin.
+    #[arg(long, default_value = "1500ms", value_parser = parse_duration)]
+    pub(crate) nri_budget: Duration,
     /// Post a Kubernetes Event (`NewContainerConfig`) on this Node for every
     /// new container.
     #[arg(long)]

@@ -20,9 +20,10 @@ use anyhow::Context;
 use lookout_probe::ProbeOptions;
 use lookout_runtime_hook::{RuntimeHook, Scanner, StartBarrier};
 
+use args::ModeArg;
 pub use args::{Output, RunArgs, absolute_path};
 use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
-use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, stop_informer};
+use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, start_nri, stop_informer};
 use output::StdoutSink;
 
 use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
@@ -210,20 +211,35 @@ async fn run_async(
     let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
     let stdout = HubSink::new(std::sync::Arc::clone(&hub), stdout);
 
-    let backends = Ladder {
-        args: &args,
-        report: &report,
-        wanted,
-        mode,
-        refused,
-        bpf_object,
-        metrics: &metrics,
-        barrier,
-        start_cap,
-    }
-    .start(&mut kube)
-    .await?;
-    let chosen = backends.chosen;
+    let nri = start_nri(&args).await?;
+    let nri_barrier = std::sync::Arc::clone(&barrier);
+    let mut backends = if args.mode == ModeArg::Nri {
+        Backends {
+            chosen: lookout_probe::Mode::Scan,
+            refused: Vec::new(),
+            hook: None,
+            informer: None,
+            fallback: None,
+            nri: None,
+            nri_only: true,
+        }
+    } else {
+        Ladder {
+            args: &args,
+            report: &report,
+            wanted,
+            mode,
+            refused,
+            bpf_object,
+            metrics: &metrics,
+            barrier,
+            start_cap,
+        }
+        .start(&mut kube)
+        .await?
+    };
+    backends.nri = nri;
+    let label = backends.label();
     if let Some(h) = &backends.hook {
         stdout.inner().close_in_hooks(h.group_fd());
         // A start may wait for prestart hooks and gates, then its state
@@ -232,66 +248,117 @@ async fn run_async(
         let _ = shared.hook.set((h.health(), bound));
     }
     release_startup_memory();
-    metrics.set_mode(chosen.as_str());
-    // Only a hook with BPF argv capture holds a created container's start.
-    hub.set_can_hold(backends.hook.as_ref().is_some_and(RuntimeHook::has_bpf));
-    let mut body = format!("mode {chosen}\n");
+    metrics.set_mode(&label);
+    // Only a hook with BPF argv capture, or NRI, holds a created
+    // container's start.
+    hub.set_can_hold(
+        backends.hook.as_ref().is_some_and(RuntimeHook::has_bpf) || backends.nri.is_some(),
+    );
+    let mut body = format!("mode {label}\n");
     for r in &backends.refused {
         body.push_str(&format!("refused {r}\n"));
     }
     if backends.refused.is_empty() {
-        tracing::info!("discovery mode {chosen}");
+        tracing::info!("discovery mode {label}");
     } else {
         let refused = backends.refused.join(" | ");
-        tracing::info!("discovery mode {chosen} (refused: {refused})");
+        tracing::info!("discovery mode {label} (refused: {refused})");
     }
     let ready = || {
         set_ready(&shared, body);
         control.ready(&hub);
     };
-    discover(
-        backends,
-        stdout,
-        &args,
-        &side,
-        &metrics,
-        ready,
-        control.stopped(),
-    )
-    .await;
+    let discovery = Discovery {
+        args: &args,
+        side: &side,
+        metrics: &metrics,
+        nri_barrier,
+    };
+    discovery
+        .run(backends, stdout, ready, control.stopped())
+        .await;
     Ok(())
 }
 
-/// Runs discovery with `backends`, writing to `stdout` (through the hub
-/// and the hooks), until `stopped`; `ready` once it runs.
-async fn discover(
-    backends: Backends,
-    stdout: HubSink<HookSink<StdoutSink>>,
-    args: &RunArgs,
-    side: &tokio::runtime::Handle,
-    metrics: &std::sync::Arc<crate::serve::Metrics>,
-    ready: impl FnOnce(),
-    stopped: impl std::future::Future<Output = ()>,
-) {
-    let Backends {
-        chosen,
-        hook,
-        informer,
-        fallback,
-        ..
-    } = backends;
+/// What discovery runs with, besides its backends.
+struct Discovery<'a> {
+    args: &'a RunArgs,
+    side: &'a tokio::runtime::Handle,
+    metrics: &'a std::sync::Arc<crate::serve::Metrics>,
+    /// What a container's start waits for in NRI.
+    nri_barrier: std::sync::Arc<dyn StartBarrier>,
+}
 
-    let mut sink =
-        merge::MergeSink::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
-    if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
-        sink.set_index(i.index());
-        if fallback.is_some() {
-            tracing::info!("fallback Pod informer runs beside {chosen}");
+/// The sink every backend writes to.
+type Out = merge::MergeSink<HubSink<HookSink<StdoutSink>>>;
+
+/// How long the start-up waits for NRI's Synchronize before the hook's
+/// scan of the state directories (which would report CRI containers with
+/// less of their identity).
+const NRI_SYNC_WAIT: Duration = Duration::from_secs(5);
+
+impl Discovery<'_> {
+    /// Runs discovery with `backends`, writing to `stdout` (through the
+    /// hub and the hooks), until `stopped`; `ready` once it runs.
+    async fn run(
+        self,
+        backends: Backends,
+        stdout: HubSink<HookSink<StdoutSink>>,
+        ready: impl FnOnce(),
+        stopped: impl std::future::Future<Output = ()>,
+    ) {
+        let Discovery {
+            args,
+            side,
+            metrics,
+            nri_barrier,
+        } = self;
+        let label = backends.label();
+        let Backends {
+            hook,
+            informer,
+            fallback,
+            nri,
+            nri_only,
+            ..
+        } = backends;
+
+        let mut sink = Out::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
+        if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
+            sink.set_index(i.index());
+            if fallback.is_some() {
+                tracing::info!("fallback Pod informer runs beside {label}");
+            }
         }
-    }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let spawn_informer =
-        |i: lookout_informer::Informer, sink: merge::MergeSink<HubSink<HookSink<StdoutSink>>>| {
+        // NRI first: its Synchronize reports the CRI containers that run
+        // (source nri-sync, with their pods' identity) before the hook's
+        // scan would.
+        let nri = nri.map(|(plugin, events)| {
+            let (synced_tx, synced) = tokio::sync::oneshot::channel();
+            let plugin = tokio::spawn(plugin.run());
+            let (out, barrier, metrics) = (
+                sink.clone(),
+                std::sync::Arc::clone(&nri_barrier),
+                std::sync::Arc::clone(metrics),
+            );
+            let report = tokio::spawn(async move {
+                crate::nri::report(events, out, barrier, metrics, synced_tx).await;
+            });
+            (plugin, report, synced)
+        });
+        let nri = match nri {
+            Some((plugin, report, synced)) => {
+                if tokio::time::timeout(NRI_SYNC_WAIT, synced).await.is_err() {
+                    tracing::warn!(
+                        "NRI: no Synchronize within {NRI_SYNC_WAIT:?}; going on without it"
+                    );
+                }
+                Some((plugin, report))
+            }
+            None => None,
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let spawn_informer = |i: lookout_informer::Informer, sink: Out| {
             let mut stop = stop_rx.clone();
             side.spawn(async move {
                 let mut sink = sink;
@@ -301,36 +368,49 @@ async fn discover(
                 .await;
             })
         };
-    match (hook, informer) {
-        (Some(mut hook), _) => {
-            hook.scan(&mut sink);
-            // After the state scan: what it found is not the informer's.
-            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
-            ready();
-            tracing::info!(
-                tracked = hook.tracked().count(),
-                bpf = hook.has_bpf(),
-                "ready"
-            );
-            let stats = hook.run(&mut sink, stopped).await;
-            tracing::info!(?stats, "runtime hook stopped; marks removed");
-            stop_informer(&stop_tx, side).await;
+        match (hook, informer) {
+            (Some(mut hook), _) => {
+                hook.scan(&mut sink);
+                // After the state scan: what it found is not the informer's.
+                let side = fallback.map(|i| spawn_informer(i, sink.clone()));
+                ready();
+                tracing::info!(
+                    tracked = hook.tracked().count(),
+                    bpf = hook.has_bpf(),
+                    "ready"
+                );
+                let stats = hook.run(&mut sink, stopped).await;
+                tracing::info!(?stats, "runtime hook stopped; marks removed");
+                stop_informer(&stop_tx, side).await;
+            }
+            (None, Some(informer)) => {
+                let task = spawn_informer(informer, sink.clone());
+                ready();
+                tracing::info!("ready");
+                stopped.await;
+                stop_informer(&stop_tx, Some(task)).await;
+            }
+            (None, None) if nri_only => {
+                ready();
+                tracing::info!("ready");
+                stopped.await;
+            }
+            (None, None) => {
+                let side = fallback.map(|i| spawn_informer(i, sink.clone()));
+                ready();
+                tracing::info!("ready");
+                Scanner::new(args.host_root.clone(), args.scan_interval)
+                    .run(&mut sink, stopped)
+                    .await;
+                stop_informer(&stop_tx, side).await;
+            }
         }
-        (None, Some(informer)) => {
-            let task = spawn_informer(informer, sink.clone());
-            ready();
-            tracing::info!("ready");
-            stopped.await;
-            stop_informer(&stop_tx, Some(task)).await;
-        }
-        (None, None) => {
-            let side = fallback.map(|i| spawn_informer(i, sink.clone()));
-            ready();
-            tracing::info!("ready");
-            Scanner::new(args.host_root.clone(), args.scan_interval)
-                .run(&mut sink, stopped)
-                .await;
-            stop_informer(&stop_tx, side).await;
+        if let Some((plugin, report)) = nri {
+            // Dropping the event queue ends the plugin: the runtime then
+            // goes on without it.
+            report.abort();
+            let _ = report.await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), plugin).await;
         }
     }
 }

@@ -27,6 +27,74 @@ pub(super) struct Backends {
     pub informer: Option<lookout_informer::Informer>,
     /// The fallback Pod informer beside another mode.
     pub fallback: Option<lookout_informer::Informer>,
+    /// The NRI plugin, beside the mode or (`--mode nri`) alone.
+    pub nri: Option<(lookout_nri::Plugin, lookout_nri::Events)>,
+    /// `--mode nri`: nothing but NRI runs.
+    pub nri_only: bool,
+}
+
+impl Backends {
+    /// The mode as `/readyz` and `lookout_mode_info` name it:
+    /// `fanotify-ebpf`, `fanotify-ebpf+nri`, `nri`, ...
+    pub fn label(&self) -> String {
+        match (self.nri_only, self.nri.is_some()) {
+            (true, _) => "nri".to_owned(),
+            (false, true) => format!("{}+nri", self.chosen),
+            (false, false) => self.chosen.to_string(),
+        }
+    }
+}
+
+/// lookout's NRI plugin name and index (`10-lookout` in the runtime's
+/// logs): a low index, so that lookout sees a container before plugins
+/// that adjust it.
+const NRI_NAME: &str = "lookout";
+const NRI_INDEX: &str = "10";
+
+/// The NRI plugin, when `--nri` (or `--mode nri`) asks for it and the
+/// runtime's socket accepts a registration.
+pub(super) async fn start_nri(
+    args: &RunArgs,
+) -> anyhow::Result<Option<(lookout_nri::Plugin, lookout_nri::Events)>> {
+    use super::args::{ModeArg, NriArg};
+    let required = args.mode == ModeArg::Nri || args.nri == NriArg::On;
+    if !required && args.nri == NriArg::Off {
+        return Ok(None);
+    }
+    let socket = lookout_model::host_path(&args.host_root, &args.nri_socket);
+    if !required && !socket.exists() {
+        tracing::info!(socket = %socket.display(), "NRI: no socket; not used");
+        return Ok(None);
+    }
+    match lookout_nri::probe(&socket, NRI_NAME, NRI_INDEX, Duration::from_secs(5)).await {
+        Ok(runtime) => tracing::info!(
+            socket = %socket.display(),
+            runtime = %runtime.name,
+            version = %runtime.version,
+            "NRI: the runtime accepts lookout's plugin"
+        ),
+        Err(e) if required => bail!(
+            "NRI at {} does not accept lookout's plugin: {}",
+            socket.display(),
+            lookout_model::Chain(&e)
+        ),
+        Err(e) => {
+            tracing::warn!(
+                socket = %socket.display(),
+                error = %lookout_model::Chain(&e),
+                "NRI: the runtime does not accept lookout's plugin; not used"
+            );
+            return Ok(None);
+        }
+    }
+    let plugin = lookout_nri::Plugin::builder()
+        .socket(socket)
+        .name(NRI_NAME)
+        .index(NRI_INDEX)
+        .budget(args.nri_budget)
+        .build()
+        .context("setting up the NRI plugin")?;
+    Ok(Some(plugin))
 }
 
 /// Starts the first mode of the ladder, from `mode` down, that starts.
@@ -144,6 +212,8 @@ impl Ladder<'_> {
             hook: hook.map(|(_, h)| h),
             informer,
             fallback,
+            nri: None,
+            nri_only: false,
         })
     }
 }
