@@ -134,6 +134,14 @@ struct ProbeArgs {
     /// install locations, not PATH.
     #[arg(long)]
     no_default_runtimes: bool,
+    /// The runtime's NRI socket, a host path.
+    #[arg(
+        long,
+        env = "LOOKOUT_NRI_SOCKET",
+        default_value = lookout_probe::DEFAULT_NRI_SOCKET,
+        value_parser = run::absolute_path
+    )]
+    nri_socket: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -191,6 +199,7 @@ fn probe(args: ProbeArgs) -> anyhow::Result<()> {
         .host_root(args.host_root)
         .runtime_paths(args.runtime_paths)
         .default_runtimes(!args.no_default_runtimes)
+        .nri_socket(args.nri_socket)
         .bpf_object(ebpf_object());
     let report = lookout_probe::probe(&opts);
     if args.json || args.output == ProbeOutput::Json {

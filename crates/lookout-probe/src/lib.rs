@@ -54,6 +54,9 @@ pub use runtimes::{
 };
 pub use tracefs::{TRACEFS_PATHS, Tracefs, ensure_tracefs, tracefs_path};
 
+/// Where containerd and CRI-O put their NRI socket by default.
+pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
+
 /// How an environment variable is looked up (replaceable in tests).
 type EnvLookup = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
@@ -63,6 +66,7 @@ pub struct ProbeOptions<'a> {
     bpf_object: Option<&'a [u8]>,
     runtime_paths: Vec<PathBuf>,
     default_runtimes: bool,
+    nri_socket: PathBuf,
     env: EnvLookup,
 }
 
@@ -73,6 +77,7 @@ impl Default for ProbeOptions<'_> {
             bpf_object: None,
             runtime_paths: Vec::new(),
             default_runtimes: true,
+            nri_socket: PathBuf::from(DEFAULT_NRI_SOCKET),
             env: Box::new(|k| std::env::var(k).ok()),
         }
     }
@@ -85,6 +90,7 @@ impl std::fmt::Debug for ProbeOptions<'_> {
             .field("bpf_object", &self.bpf_object.map(<[u8]>::len))
             .field("runtime_paths", &self.runtime_paths)
             .field("default_runtimes", &self.default_runtimes)
+            .field("nri_socket", &self.nri_socket)
             .finish()
     }
 }
@@ -93,6 +99,13 @@ impl<'a> ProbeOptions<'a> {
     /// Defaults: host root `/`, no BPF object, the process environment.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The runtime's NRI socket, a host path (default
+    /// [`DEFAULT_NRI_SOCKET`]), for the `nri:socket` check.
+    pub fn nri_socket(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.nri_socket = socket.into();
+        self
     }
 
     /// Where the host's file system is mounted (default `/`; in a pod,
@@ -205,6 +218,10 @@ pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
     checks.push(Check::from_result(
         "state-dirs",
         &system::state_dirs(&opts.host_root),
+    ));
+    checks.push(Check::from_result(
+        "nri:socket",
+        &system::nri_socket(&opts.host_root, &opts.nri_socket),
     ));
 
     let fanotify = unit(&fan.init).and_then(|()| unit(&fan.exec_mark));

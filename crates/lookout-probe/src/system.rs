@@ -304,3 +304,28 @@ mod tests {
         assert!(node_name(&none).is_err());
     }
 }
+
+/// Whether the runtime's NRI socket (`socket`, a host path) is there, under
+/// `host_root`. Nothing connects to it: a connection that does not
+/// register is logged by the runtime as a failed plugin. `lookout run`
+/// registers for real (`--nri`).
+pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
+    use std::os::unix::fs::FileTypeExt;
+    let at = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
+    match std::fs::metadata(&at) {
+        Ok(m) if m.file_type().is_socket() => Ok(format!(
+            "{} is a socket: the runtime has NRI on (lookout run registers through it)",
+            at.display()
+        )),
+        Ok(_) => Err(Fail::unsupported(format!(
+            "{} is not a socket",
+            at.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Fail::unsupported(format!(
+            "no {}: NRI is off or unsupported (containerd before 1.7, or NRI disabled in its \
+             config; CRI-O before 1.30)",
+            at.display()
+        ))),
+        Err(e) => Err(Fail::unsupported(format!("{}: {e}", at.display()))),
+    }
+}

@@ -159,6 +159,7 @@ async fn run_async(
             .host_root(&args.host_root)
             .runtime_paths(args.runtime_paths.clone())
             .default_runtimes(!args.no_default_runtimes)
+            .nri_socket(&args.nri_socket)
             .bpf_object(bpf_object)
             .env(move |k| match k {
                 "NODE_NAME" => node_name.clone(),
