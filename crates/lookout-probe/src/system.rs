@@ -268,6 +268,31 @@ pub fn state_dirs(host_root: &Path) -> Result<String, Fail> {
     }
 }
 
+/// Whether the runtime's NRI socket (`socket`, a host path) is there, under
+/// `host_root`. Nothing connects to it: a connection that does not
+/// register is logged by the runtime as a failed plugin. `lookout run`
+/// registers for real (`--nri`).
+pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
+    use std::os::unix::fs::FileTypeExt;
+    let at = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
+    match std::fs::metadata(&at) {
+        Ok(m) if m.file_type().is_socket() => Ok(format!(
+            "{} is a socket: the runtime has NRI on (lookout run registers through it)",
+            at.display()
+        )),
+        Ok(_) => Err(Fail::unsupported(format!(
+            "{} is not a socket",
+            at.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Fail::unsupported(format!(
+            "no {}: NRI is off or unsupported (containerd before 1.7, or NRI disabled in its \
+             config; CRI-O before 1.30)",
+            at.display()
+        ))),
+        Err(e) => Err(Fail::unsupported(format!("{}: {e}", at.display()))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,29 +328,26 @@ mod tests {
         assert_eq!(node_name(&node).ok().as_deref(), Some("node-1"));
         assert!(node_name(&none).is_err());
     }
-}
 
-/// Whether the runtime's NRI socket (`socket`, a host path) is there, under
-/// `host_root`. Nothing connects to it: a connection that does not
-/// register is logged by the runtime as a failed plugin. `lookout run`
-/// registers for real (`--nri`).
-pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
-    use std::os::unix::fs::FileTypeExt;
-    let at = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
-    match std::fs::metadata(&at) {
-        Ok(m) if m.file_type().is_socket() => Ok(format!(
-            "{} is a socket: the runtime has NRI on (lookout run registers through it)",
-            at.display()
-        )),
-        Ok(_) => Err(Fail::unsupported(format!(
-            "{} is not a socket",
-            at.display()
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Fail::unsupported(format!(
-            "no {}: NRI is off or unsupported (containerd before 1.7, or NRI disabled in its \
-             config; CRI-O before 1.30)",
-            at.display()
-        ))),
-        Err(e) => Err(Fail::unsupported(format!("{}: {e}", at.display()))),
+    #[test]
+    fn the_nri_socket_is_found_under_the_host_root_without_connecting() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let at = Path::new("/var/run/nri/nri.sock");
+        let e = nri_socket(root.path(), at).expect_err("absent");
+        assert!(
+            e.reason.contains("NRI is off or unsupported"),
+            "{}",
+            e.reason
+        );
+        std::fs::create_dir_all(root.path().join("var/run/nri")).expect("mkdir");
+        std::fs::write(root.path().join("var/run/nri/nri.sock"), b"").expect("write");
+        let e = nri_socket(root.path(), at).expect_err("a file");
+        assert!(e.reason.contains("not a socket"), "{}", e.reason);
+        std::fs::remove_file(root.path().join("var/run/nri/nri.sock")).expect("rm");
+        let _listener =
+            std::os::unix::net::UnixListener::bind(root.path().join("var/run/nri/nri.sock"))
+                .expect("bind");
+        let ok = nri_socket(root.path(), at).expect("a socket");
+        assert!(ok.contains("is a socket"), "{ok}");
     }
 }
