@@ -109,6 +109,93 @@ pub use types::{
     Snapshot,
 };
 
+/// The plugin's parsing of bytes from the runtime's socket, for
+/// `cargo fuzz` (fuzz/fuzz_targets/nri_frames.rs).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::{mux, proto, ttrpc, types};
+
+    fn each<M: prost::Message + Default>(bytes: &[u8]) -> Option<M> {
+        M::decode(bytes).ok()
+    }
+
+    /// Feeds `data`, as read from the socket, through every layer the
+    /// plugin parses: multiplexer frames, ttRPC messages, requests, the NRI
+    /// payloads, and their mapping into [`types`]. Must never panic or
+    /// allocate more than the frame limit at once.
+    pub fn feed(data: &[u8]) {
+        let mut rest = data;
+        let mut channels: [ttrpc::Decoder; 3] = Default::default();
+        while let Some((h, tail)) = rest.split_first_chunk::<{ mux::HEADER_LEN }>() {
+            let Ok((conn, len)) = mux::decode_header(*h, mux::MAX_FRAME) else {
+                return;
+            };
+            let Some(payload) = tail.get(..len as usize) else {
+                return;
+            };
+            rest = &tail[len as usize..];
+            let Some(decoder) = channels.get_mut(conn as usize) else {
+                return;
+            };
+            decoder.push(payload);
+            loop {
+                match decoder.next_message() {
+                    Ok(Some(m)) if m.kind == ttrpc::REQUEST => request(&m.payload),
+                    Ok(Some(m)) => {
+                        let _ = each::<ttrpc::Response>(&m.payload);
+                    }
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+
+    fn request(payload: &[u8]) {
+        let Some(req) = each::<ttrpc::Request>(payload) else {
+            return;
+        };
+        let p = &req.payload[..];
+        let pair = |pod: Option<proto::PodSandbox>, c: Option<proto::Container>| {
+            let _ = pod.map(types::Pod::from);
+            let _ = c.map(types::Container::from);
+        };
+        match req.method.as_str() {
+            "Configure" => {
+                let _ = each::<proto::ConfigureRequest>(p);
+            }
+            "Synchronize" => {
+                if let Some(s) = each::<proto::SynchronizeRequest>(p) {
+                    s.pods.into_iter().for_each(|x| pair(Some(x), None));
+                    s.containers.into_iter().for_each(|x| pair(None, Some(x)));
+                }
+            }
+            "CreateContainer" => {
+                if let Some(r) = each::<proto::CreateContainerRequest>(p) {
+                    pair(r.pod, r.container);
+                }
+            }
+            "UpdateContainer" => {
+                if let Some(r) = each::<proto::UpdateContainerRequest>(p) {
+                    pair(r.pod, r.container);
+                }
+            }
+            "StopContainer" => {
+                if let Some(r) = each::<proto::StopContainerRequest>(p) {
+                    pair(r.pod, r.container);
+                }
+            }
+            "StateChange" => {
+                if let Some(e) = each::<proto::StateChangeEvent>(p) {
+                    pair(e.pod, e.container);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Displays an error with its causes, `: `-separated, for logs.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
