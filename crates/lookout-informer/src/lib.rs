@@ -101,24 +101,6 @@ pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<Client, Er
     Client::try_from(config).map_err(Error::Client)
 }
 
-/// `e` and its causes, as `lookout_model::Chain` prints them, but without
-/// a cause whose text is already in the message: kube's errors repeat their
-/// cause (`"watch stream failed: {0}"`), while its deeper causes (hyper's
-/// connection errors, say) are only in the chain.
-fn kube_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
-
 /// How to run the informer. Start from [`Config::new`] and set fields; more
 /// options may be added.
 #[derive(Debug, Clone)]
@@ -310,7 +292,7 @@ impl Informer {
                 }
                 Err(e) => {
                     tracing::warn!(
-                        error = %kube_chain(&e),
+                        error = %lookout_model::Chain(&e),
                         "pod watch failed; retrying with backoff"
                     );
                     continue;
@@ -368,10 +350,10 @@ mod tests {
     /// A watch error through kube's layers: each repeats its cause, but the
     /// root cause is only in the chain.
     #[test]
-    fn kube_chain_prints_each_cause_once() {
+    fn the_chain_prints_each_cause_of_kube_once() {
         let e = watcher::Error::WatchFailed(kube::Error::Service(Box::new(Hidden(Root))));
         assert_eq!(
-            kube_chain(&e),
+            lookout_model::Chain(&e).to_string(),
             "watch stream failed: ServiceError: client error (SendRequest): \
              connection reset by peer"
         );

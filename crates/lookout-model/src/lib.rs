@@ -61,7 +61,9 @@ pub fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> PathBuf
 ///
 /// lookout's errors keep their causes as [`std::error::Error::source`] and
 /// do not repeat them in their own message; log sites print them with this
-/// (as `anyhow`'s `{:#}` does):
+/// (as `anyhow`'s `{:#}` does). A cause whose text is already printed is
+/// left out: some libraries' errors (kube's, aya's) repeat their cause in
+/// their message, and it should not appear twice.
 ///
 /// ```
 /// use lookout_model::Chain;
@@ -84,13 +86,17 @@ pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut out = self.0.to_string();
         let mut cause = self.0.source();
         while let Some(e) = cause {
-            write!(f, ": {e}")?;
+            let text = e.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             cause = e.source();
         }
-        Ok(())
+        f.write_str(&out)
     }
 }
 

@@ -110,7 +110,7 @@ pub fn probe(object: Option<&[u8]>) -> BpfFacts {
 }
 
 fn run_tracepoint(ebpf: &mut aya::Ebpf, tgid: u32) -> Result<String, Fail> {
-    let unsupported = |what: &str, e: &dyn std::error::Error| {
+    let unsupported = |what: &str, e: &(dyn std::error::Error + 'static)| {
         let text = chain(e);
         Fail::unsupported(format!("{what}: {text}{}", hint(&text)))
     };

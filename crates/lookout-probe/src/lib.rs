@@ -144,20 +144,9 @@ impl<'a> ProbeOptions<'a> {
     }
 }
 
-/// Formats an error with its whole `source()` chain, skipping a cause whose
-/// text is already there (aya's and kube's errors repeat their causes).
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let t = e.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = e.source();
-    }
-    s
+/// An error with its causes, each once (see [`lookout_model::Chain`]).
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    lookout_model::Chain(err).to_string()
 }
 
 fn unit(r: &Result<String, Fail>) -> Result<(), String> {
