@@ -1,0 +1,303 @@
+//! `lookout run` with NRI, on a real CRI node: containerd 1.7 with NRI on
+//! (`lookout_testsupport::cri`), driven like a kubelet over gRPC. Each test
+//! has its own node (its own runc copy, sockets and NRI socket) and agent,
+//! so tests run side by side.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lookout_testsupport::cri::{BUSYBOX_IMAGE, CriNode, Pod, PodSpec, require_cri};
+use lookout_testsupport::{bundle, require_program};
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// An agent with NRI on `node`'s socket: `--mode nri` (NRI alone), or
+/// beside fanotify-ebpf watching the node's runc.
+fn agent(node: &CriNode, nri_only: bool, extra: &[&str]) -> Agent {
+    let socket = node.nri_socket().to_str().expect("utf-8 path");
+    let runc = node.runc().to_str().expect("utf-8 path");
+    let mut args = vec!["--nri-socket", socket];
+    if nri_only {
+        args.extend(["--mode", "nri"]);
+    } else {
+        args.extend(["--nri", "on", "--runtime-path", runc]);
+    }
+    args.extend(extra);
+    Agent::start_with(None, &args, &[], None)
+}
+
+fn pod_spec(name: &str) -> PodSpec {
+    PodSpec::new("shop", &format!("{name}-{}", std::process::id()))
+        .label("app", name)
+        .container("web", BUSYBOX_IMAGE, &["sleep", "300"])
+}
+
+/// Every `added` event of `id` the agent printed.
+fn added(agent: &Agent, id: &str) -> Vec<Value> {
+    agent
+        .events_for(id)
+        .into_iter()
+        .filter(|e| e["event"] == "added")
+        .collect()
+}
+
+fn assert_pod_identity(e: &Value, spec: &PodSpec) {
+    let k = &e["container"]["kubernetes"];
+    assert_eq!(k["namespace"], "shop", "{e}");
+    assert_eq!(k["pod"], spec.name.as_str(), "{e}");
+    assert_eq!(k["pod_uid"], spec.uid.as_str(), "{e}");
+}
+
+#[test]
+fn nri_alone_reports_containers_before_their_first_instruction_and_the_sandbox() {
+    const TEST: &str = "nri_pod";
+    if !require_cri(TEST) || !require_program(TEST, "busybox") || !require_program(TEST, "gcc") {
+        return;
+    }
+    let stamps = tempfile::tempdir().expect("tempdir");
+    bundle::monotonic_stamp(stamps.path());
+    let stamped = |name: &str| format!("/stamp/stamp /stamp/{name}.ns && exec sleep 300");
+    let node = CriNode::start().expect("start the CRI node");
+    let agent = agent(&node, true, &[]);
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let spec = PodSpec::new("shop", &format!("cart-{}", std::process::id()))
+        .label("app", "cart")
+        .container("web", BUSYBOX_IMAGE, &["sh", "-c", &stamped("web")])
+        .mount(stamps.path(), "/stamp", false)
+        .container("sidecar", BUSYBOX_IMAGE, &["sh", "-c", &stamped("sidecar")])
+        .mount(stamps.path(), "/stamp", false);
+    let pod = kubelet.run_pod(&spec).expect("run the pod");
+    for (c, id) in spec.containers.iter().zip(&pod.container_ids) {
+        let e = agent.wait_event(id, "added", Duration::from_secs(10));
+        assert_eq!(e["source"], "nri", "{e}");
+        assert_eq!(e["container"]["status"], "created", "{e}");
+        assert_pod_identity(&e, &spec);
+        let k = &e["container"]["kubernetes"];
+        assert_eq!(k["container"], c.name.as_str(), "{e}");
+        // NRI gives the pod's labels, which config.json does not carry.
+        assert_eq!(k["labels"]["app"], "cart", "{e}");
+        assert!(e["container"]["pid"].as_u64().is_some_and(|p| p > 1), "{e}");
+        assert!(e["container"].get("pod_sandbox").is_none(), "{e}");
+        // Reported while the runtime held StartContainer: before the
+        // container's first command ran.
+        let first = read_stamp(&stamps.path().join(format!("{}.ns", c.name)));
+        let added_ns = e["monotonic_ns"].as_u64().expect("monotonic_ns");
+        assert!(
+            added_ns < first,
+            "{}: added at {added_ns}, first command at {first}",
+            c.name
+        );
+    }
+    // The sandbox: marked, with the pod's identity and no container name.
+    let s = agent.wait_event(&pod.sandbox_id, "added", Duration::from_secs(10));
+    assert_eq!(s["source"], "nri", "{s}");
+    assert_eq!(s["container"]["pod_sandbox"], true, "{s}");
+    assert_pod_identity(&s, &spec);
+    assert!(s["container"]["kubernetes"]["container"].is_null(), "{s}");
+
+    kubelet.remove_pod(&pod).expect("remove the pod");
+    for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+        agent.wait_event(id, "removed", Duration::from_secs(10));
+        assert_eq!(added(&agent, id).len(), 1, "{id} added once");
+    }
+    let metrics = agent.metrics();
+    assert_eq!(metric(&metrics, "lookout_nri_late_starts_total"), Some(0.0));
+    assert!(
+        metrics.contains(r#"lookout_mode_info{mode="nri"} 1"#),
+        "{metrics}"
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("discovery mode nri"), "{log}");
+}
+
+#[test]
+fn pods_that_ran_before_the_agent_come_from_synchronize() {
+    const TEST: &str = "nri_sync";
+    if !require_cri(TEST) {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let spec = pod_spec("early");
+    let pod = kubelet.run_pod(&spec).expect("run the pod");
+    let agent = agent(&node, true, &[]);
+    for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+        let e = agent.wait_event(id, "added", Duration::from_secs(10));
+        assert_eq!(e["source"], "nri-sync", "{e}");
+        assert_eq!(e["container"]["status"], "running", "{e}");
+        assert_pod_identity(&e, &spec);
+    }
+    kubelet.remove_pod(&pod).expect("remove the pod");
+    agent.wait_event(&pod.container_ids[0], "removed", Duration::from_secs(10));
+}
+
+#[test]
+fn a_killed_agent_holds_up_no_pod_and_resynchronizes_without_duplicates() {
+    const TEST: &str = "nri_restart";
+    if !require_cri(TEST) {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let first = agent(&node, true, &[]);
+    let before = kubelet.run_pod(&pod_spec("before")).expect("pod before");
+    first.wait_event(&before.container_ids[0], "added", Duration::from_secs(10));
+    // SIGKILL: the plugin's connection drops mid-flight.
+    drop(first);
+    // The runtime goes on without lookout: pods run, one goes away.
+    let t = Instant::now();
+    let during = kubelet
+        .run_pod(&pod_spec("during"))
+        .expect("pod while lookout is dead");
+    let gone = kubelet.run_pod(&pod_spec("gone")).expect("another pod");
+    kubelet.remove_pod(&gone).expect("remove it");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the runtime waited for a dead plugin: {:?}",
+        t.elapsed()
+    );
+    let second = agent(&node, true, &[]);
+    let after = kubelet.run_pod(&pod_spec("after")).expect("pod after");
+    let live: Vec<&Pod> = vec![&before, &during, &after];
+    for pod in &live {
+        for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+            second.wait_event(id, "added", Duration::from_secs(10));
+        }
+    }
+    // Everything that runs was reported by the second agent once; what
+    // came and went while it was dead is not reported at all.
+    let sandboxes = kubelet.list_pod_sandboxes().expect("list");
+    assert_eq!(sandboxes.len(), 3, "{sandboxes:?}");
+    for pod in &live {
+        for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+            assert_eq!(added(&second, id).len(), 1, "{id} added once");
+        }
+    }
+    for id in gone.container_ids.iter().chain([&gone.sandbox_id]) {
+        assert!(second.events_for(id).is_empty(), "{id} never ran for it");
+    }
+    // containerd closed the killed agent's plugin, and only that one.
+    assert_eq!(
+        node.log().matches("closing plugin").count(),
+        1,
+        "{}",
+        node.log()
+    );
+}
+
+#[test]
+fn a_prestart_hook_slower_than_the_runtime_timeout_costs_a_late_start_not_the_plugin() {
+    const TEST: &str = "nri_slow_hook";
+    if !require_cri(TEST) {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let marks = tempfile::tempdir().expect("tempdir");
+    let mark = marks.path().join("hook.ns");
+    let hook = format!(
+        "cat /proc/uptime > {} ; sleep 3",
+        mark.to_str().expect("utf-8")
+    );
+    let agent = agent(&node, true, &["--prestart", &hook, "--nri-budget", "800ms"]);
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let t = Instant::now();
+    let pod = kubelet.run_pod(&pod_spec("slow")).expect("run the pod");
+    let took = t.elapsed();
+    let id = &pod.container_ids[0];
+    agent.wait_event(id, "added", Duration::from_secs(10));
+    // The hook ran (it was started before the start went on) ...
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !mark.exists() {
+        assert!(Instant::now() < deadline, "the prestart hook never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ... and the start went on at the budget, not after the hook's 3 s.
+    assert!(took < Duration::from_secs(3), "the pod took {took:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let late = metric(&agent.metrics(), "lookout_nri_late_starts_total").unwrap_or(0.0);
+        if late >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no late start counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The runtime kept the plugin: the next pod is reported through NRI.
+    let next = kubelet.run_pod(&pod_spec("next")).expect("next pod");
+    let e = agent.wait_event(&next.container_ids[0], "added", Duration::from_secs(10));
+    assert_eq!(e["source"], "nri", "{e}");
+    assert!(!node.log().contains("closing plugin"), "{}", node.log());
+    assert_eq!(
+        metric(&agent.metrics(), "lookout_nri_disconnects_total"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn nri_beside_the_hook_reports_cri_and_hand_made_containers_once_each() {
+    const TEST: &str = "nri_and_hook";
+    if !require_cri(TEST) || !require_program(TEST, "busybox") {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let agent = agent(&node, false, &[]);
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let spec = pod_spec("both");
+    let pod = kubelet.run_pod(&spec).expect("run the pod");
+    // A container by hand, through the same runc, with its own state root.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "300"], |_| {});
+    let root = dir.path().join("state");
+    let by_hand = id("nri-by-hand");
+    // N.B. no pipes: the container would inherit one and hold it open.
+    let runc = |args: &[&str]| {
+        let status = std::process::Command::new(node.runc())
+            .arg("--root")
+            .arg(&root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("runc");
+        assert!(status.success(), "runc {args:?}: {status}");
+    };
+    runc(&[
+        "run",
+        "-d",
+        "--bundle",
+        b.to_str().expect("utf-8"),
+        &by_hand,
+    ]);
+    let e = agent.wait_event(&by_hand, "added", Duration::from_secs(10));
+    assert_eq!(e["source"], "runtime-hook", "{e}");
+    let mut sources: HashMap<String, String> = HashMap::new();
+    for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+        let e = agent.wait_event(id, "added", Duration::from_secs(10));
+        assert_pod_identity(&e, &spec);
+        sources.insert(id.clone(), e["source"].as_str().unwrap_or("").to_owned());
+    }
+    eprintln!("who reported the CRI pod first: {sources:?}");
+    runc(&["kill", &by_hand, "KILL"]);
+    agent.wait_event(&by_hand, "removed", Duration::from_secs(10));
+    runc(&["delete", "--force", &by_hand]);
+    kubelet.remove_pod(&pod).expect("remove the pod");
+    for id in pod.container_ids.iter().chain([&pod.sandbox_id]) {
+        agent.wait_event(id, "removed", Duration::from_secs(10));
+    }
+    for id in pod.container_ids.iter().chain([&pod.sandbox_id, &by_hand]) {
+        assert_eq!(added(&agent, id).len(), 1, "{id} added once");
+        let removed = agent
+            .events_for(id)
+            .into_iter()
+            .filter(|e| e["event"] == "removed")
+            .count();
+        assert_eq!(removed, 1, "{id} removed once");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("discovery mode fanotify-ebpf+nri"), "{log}");
+}
