@@ -17,6 +17,8 @@ use crate::util::{cargo, exec, is_root, say, workspace_root};
 // beside this one.
 #[path = "bench_consumers.rs"]
 mod consumers;
+#[path = "bench_nri.rs"]
+mod nri;
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -47,7 +49,7 @@ pub struct Options {
     /// none) for the watcher CPU and memory measurement.
     #[arg(long, default_value_t = 300)]
     pub watch_churn: usize,
-    /// Run only one part: `agent` (includes `consumers`), `consumers` or
+    /// Run only one part: `agent` (includes `consumers`), `consumers`, `nri` or
     /// `inode-map`.
     #[arg(long, value_name = "PART")]
     pub only: Option<String>,
@@ -394,9 +396,9 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     if let Some(other) = opts
         .only
         .as_deref()
-        .filter(|o| !["agent", "consumers"].contains(o))
+        .filter(|o| !["agent", "consumers", "nri"].contains(o))
     {
-        bail!("--only {other}: use agent, consumers or inode-map");
+        bail!("--only {other}: use agent, consumers, nri or inode-map");
     }
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
@@ -414,6 +416,19 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         ]),
         "see the compiler error above",
     )?;
+    if opts.only.as_deref() == Some("nri") {
+        let root = workspace_root();
+        let out_dir = root.join("target/bench");
+        let v = nri::bench_nri(
+            &root.join("target/release/lookout"),
+            &out_dir.join("work/nri"),
+        )?;
+        let path = out_dir.join("report.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&json!({ "nri": v }))?)?;
+        nri::print(&v);
+        println!("report: {}", path.display());
+        return Ok(());
+    }
     if opts.only.as_deref() == Some("consumers") {
         let root = workspace_root();
         let out_dir = root.join("target/bench");
