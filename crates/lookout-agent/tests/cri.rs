@@ -120,16 +120,14 @@ fn a_pod_through_cri_is_reported_created_with_its_kubernetes_identity() {
         sandbox["container"]["args"],
         serde_json::json!(["/bin/sleep", "infinity"])
     );
-    // TODO(#15): a sandbox must carry its pod's identity and be marked as
-    // a sandbox on every backend. Today (fanotify-ebpf, containerd 1.7) it
-    // is reported `created` with the runtime's annotations above but with
-    // no `kubernetes` section (Kubernetes::from_annotations returns None
-    // for container-type "sandbox"), and no field but the raw annotation
-    // says it is a pod sandbox (the model's `sandbox` is the gVisor kind,
-    // absent for runc). When that lands, assert here:
-    //   sandbox["container"]["kubernetes"]["pod_uid"] == spec.uid (and
-    //   namespace, pod), and the pod-sandbox marker the model chooses.
-    eprintln!("the sandbox today: {sandbox}");
+    // A pod's sandbox carries its pod's identity, with no container
+    // name, and is marked as one (on every backend: tests/nri.rs).
+    assert_eq!(sandbox["container"]["pod_sandbox"], true, "{sandbox}");
+    let sk = &sandbox["container"]["kubernetes"];
+    assert_eq!(sk["namespace"], "shop", "{sandbox}");
+    assert_eq!(sk["pod"], spec.name.as_str(), "{sandbox}");
+    assert_eq!(sk["pod_uid"], spec.uid.as_str(), "{sandbox}");
+    assert!(sk["container"].is_null(), "{sandbox}");
 
     // Each reported once, while created; removal reported at teardown.
     kubelet.remove_pod(&pod).expect("remove the pod");

@@ -301,3 +301,92 @@ fn nri_beside_the_hook_reports_cri_and_hand_made_containers_once_each() {
     assert!(status.success(), "{log}");
     assert!(log.contains("discovery mode fanotify-ebpf+nri"), "{log}");
 }
+
+#[test]
+fn a_gate_subscriber_answers_through_nri_before_the_first_instruction() {
+    const TEST: &str = "nri_gate";
+    if !require_cri(TEST) || !require_program(TEST, "busybox") || !require_program(TEST, "gcc") {
+        return;
+    }
+    let stamps = tempfile::tempdir().expect("tempdir");
+    bundle::monotonic_stamp(stamps.path());
+    let node = CriNode::start().expect("start the CRI node");
+    let agent = agent(&node, true, &[]);
+    let socket = agent.socket().to_path_buf();
+    let namespace = format!("gated-{}", std::process::id());
+    // A subscriber for the pod's namespace: it records when it answered,
+    // then allows; it reports which containers it was asked about.
+    let (asked_tx, asked) = std::sync::mpsc::channel::<(String, bool, u64)>();
+    let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
+    let ns = namespace.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let client = lookout_client::Client::connect(&socket)
+                .await
+                .expect("connect");
+            let mut gate = client
+                .gate(lookout_api::v1::Subscribe {
+                    name: "tracer".into(),
+                    filter: Some(lookout_api::v1::Filter {
+                        namespaces: vec![ns],
+                        ..Default::default()
+                    }),
+                    deadline_ms: 1000,
+                    on_failure: lookout_api::v1::FailurePolicy::FailOpen as i32,
+                })
+                .await
+                .expect("subscribe");
+            let _ = ready_tx.send(());
+            while let Some(Ok(hold)) = gate.next().await {
+                let c = hold.container().clone();
+                // Containers that cannot be held (a running sandbox) are
+                // only shown to the subscriber.
+                let held = hold.held();
+                hold.allow().expect("allow");
+                if held {
+                    let _ = asked_tx.send((c.id, c.pod_sandbox, read_monotonic_ns()));
+                }
+            }
+        });
+    });
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("subscribed");
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let spec = PodSpec::new(&namespace, "gated").container(
+        "web",
+        BUSYBOX_IMAGE,
+        &["sh", "-c", "/stamp/stamp /stamp/web.ns && exec sleep 300"],
+    );
+    let spec = spec.mount(stamps.path(), "/stamp", false);
+    let pod = kubelet.run_pod(&spec).expect("run the pod");
+    let id = &pod.container_ids[0];
+    let (asked_id, sandbox, answered) = asked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the gate was asked");
+    // Held: the container, not its sandbox, answered before it ran.
+    assert_eq!(&asked_id, id);
+    assert!(!sandbox, "a pod's sandbox is never held");
+    let first = read_stamp(&stamps.path().join("web.ns"));
+    assert!(
+        answered < first,
+        "the gate answered at {answered}, after the first instruction at {first}"
+    );
+    assert!(asked.try_recv().is_err(), "the gate held nothing else");
+    let e = agent.wait_event(id, "added", Duration::from_secs(10));
+    assert_eq!(e["source"], "nri", "{e}");
+}
+
+fn read_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
