@@ -108,24 +108,16 @@ pub(crate) async fn report<S: Sink + Send>(
                     let (id, pid) = (c.id.clone(), c.pid);
                     sink.emit(ContainerEvent::added(Source::Nri, c));
                     if let Some(wait) = barrier.wait(&id) {
-                        let left = ack
-                            .deadline()
-                            .saturating_duration_since(Instant::now())
-                            .saturating_sub(ANSWER_MARGIN);
-                        match tokio::time::timeout(left, wait).await {
-                            Ok(StartDecision::Proceed) => {}
-                            Ok(StartDecision::Deny(reason)) => deny(&id, pid, &reason),
-                            Ok(_) => {}
-                            Err(_) => {
-                                metrics.nri_late();
-                                tracing::warn!(
-                                    id,
-                                    ?left,
-                                    "NRI: the start did not wait longer for its barrier \
-                                     (the runtime's request timeout)"
-                                );
-                            }
-                        }
+                        // The start is held on a task of its own, with its
+                        // ack: a container whose hooks or gates take their
+                        // time holds up neither the events after it nor the
+                        // other containers' starts.
+                        let metrics = Arc::clone(&metrics);
+                        tokio::spawn(async move {
+                            hold(&id, pid, wait, &ack, &metrics).await;
+                            ack.release();
+                        });
+                        continue;
                     }
                 }
                 ContainerPhase::Stop | ContainerPhase::Remove => {
@@ -145,6 +137,34 @@ pub(crate) async fn report<S: Sink + Send>(
             _ => {}
         }
         ack.release();
+    }
+}
+
+/// Holds a container's start (its `ack`) until its barrier decides or the
+/// plugin's deadline, less the time kept for answering.
+async fn hold(
+    id: &str,
+    pid: Option<u32>,
+    wait: lookout_runtime_hook::StartWait,
+    ack: &lookout_nri::Ack,
+    metrics: &crate::serve::Metrics,
+) {
+    let left = ack
+        .deadline()
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(ANSWER_MARGIN);
+    match tokio::time::timeout(left, wait).await {
+        Ok(StartDecision::Deny(reason)) => deny(id, pid, &reason),
+        Ok(_) => {}
+        Err(_) => {
+            metrics.nri_late();
+            tracing::warn!(
+                id,
+                ?left,
+                "NRI: the start did not wait longer for its barrier \
+                 (the runtime's request timeout)"
+            );
+        }
     }
 }
 

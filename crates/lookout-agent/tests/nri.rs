@@ -237,6 +237,145 @@ fn a_prestart_hook_slower_than_the_runtime_timeout_costs_a_late_start_not_the_pl
 }
 
 #[test]
+fn a_start_held_for_its_hook_holds_up_no_other_container() {
+    const TEST: &str = "nri_held_apart";
+    if !require_cri(TEST) {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let marks = tempfile::tempdir().expect("tempdir");
+    let begun = marks.path().join("begun");
+    let release = marks.path().join("release");
+    // The hook holds only the container named `held` (its State on stdin
+    // names it), until the test releases it (or 4 s).
+    let hook = format!(
+        "if grep -q '\"held\"'; then touch {b}; i=0; \
+         while [ ! -e {r} ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); done; fi",
+        b = begun.to_str().expect("utf-8"),
+        r = release.to_str().expect("utf-8"),
+    );
+    // The default budget (1.5 s): the held start must not reach it.
+    let agent = agent(&node, true, &["--prestart", &hook]);
+    let (mut held_kubelet, mut other_kubelet) = (
+        node.kubelet().expect("CRI client"),
+        node.kubelet().expect("CRI client"),
+    );
+    let pid = std::process::id();
+    let busy = ["sleep", "300"];
+    let held_spec =
+        PodSpec::new("shop", &format!("held-{pid}")).container("held", BUSYBOX_IMAGE, &busy);
+    let other_spec =
+        PodSpec::new("shop", &format!("other-{pid}")).container("other", BUSYBOX_IMAGE, &busy);
+    let mut held = held_kubelet.create_pod(&held_spec).expect("create held");
+    let mut other = other_kubelet.create_pod(&other_spec).expect("create other");
+    let held_start = std::thread::spawn(move || {
+        held_kubelet.start_pod(&mut held).expect("start held");
+        held
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !begun.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the held container's hook never ran"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // While `held` waits for its hook, `other` is reported and started.
+    other_kubelet.start_pod(&mut other).expect("start other");
+    let e = agent.wait_event(&other.container_ids[0], "added", Duration::from_secs(10));
+    assert_eq!(e["source"], "nri", "{e}");
+    std::fs::write(&release, b"").expect("release");
+    let held = held_start.join().expect("held start");
+    agent.wait_event(&held.container_ids[0], "added", Duration::from_secs(10));
+    // Released by the test, not by the budget: nothing was late. One
+    // start held up behind another would wait for this one's budget.
+    assert_eq!(
+        metric(&agent.metrics(), "lookout_nri_late_starts_total"),
+        Some(0.0),
+        "other's start took {:?}, held's {:?}",
+        other.start_took,
+        held.start_took
+    );
+}
+
+#[test]
+fn the_socket_is_found_as_the_host_sees_it_and_a_users_socket_is_refused() {
+    const TEST: &str = "nri_host_root";
+    if !require_cri(TEST) {
+        return;
+    }
+    let Some(user) = lookout_testsupport::unprivileged_user(TEST) else {
+        return;
+    };
+    let node = CriNode::start().expect("start the CRI node");
+    // The host's root as a pod mounts it: var/run -> /run (absolute, as on
+    // every systemd host), and the runtime's socket in run/nri (a hard
+    // link to the node's socket: the same socket).
+    let host = tempfile::tempdir_in(node.dir()).expect("tempdir");
+    std::fs::create_dir_all(host.path().join("run/nri")).expect("mkdir");
+    std::fs::create_dir_all(host.path().join("var")).expect("mkdir");
+    std::os::unix::fs::symlink("/run", host.path().join("var/run")).expect("symlink");
+    std::fs::hard_link(node.nri_socket(), host.path().join("run/nri/nri.sock")).expect("link");
+    let root = host.path().to_str().expect("utf-8 path");
+    let agent = Agent::start_with(
+        None,
+        &[
+            "--mode",
+            "nri",
+            "--host-root",
+            root,
+            "--nri-socket",
+            "/var/run/nri/nri.sock",
+        ],
+        &[],
+        None,
+    );
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let pod = kubelet.run_pod(&pod_spec("hostroot")).expect("run the pod");
+    let e = agent.wait_event(&pod.container_ids[0], "added", Duration::from_secs(10));
+    assert_eq!(e["source"], "nri", "{e}");
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+
+    // A socket an unprivileged user made, where the agent is told to look:
+    // whoever serves it could describe any pod, with any namespace, to
+    // root's hooks. It is refused before anything is read from it.
+    let planted = host.path().join("run/nri/planted.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&planted).expect("bind");
+    std::os::unix::fs::chown(&planted, Some(user.uid), Some(user.gid)).expect("chown");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args([
+            "run",
+            "--mode",
+            "nri",
+            "--no-socket",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--host-root", root, "--nri-socket", "/run/nri/planted.sock"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn lookout run");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "lookout run did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("owned by uid {}, not uid 0", user.uid)),
+        "{log}"
+    );
+}
+
+#[test]
 fn nri_beside_the_hook_reports_cri_and_hand_made_containers_once_each() {
     const TEST: &str = "nri_and_hook";
     if !require_cri(TEST) || !require_program(TEST, "busybox") {

@@ -38,6 +38,25 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// What is at the socket's path is not a socket.
+    #[error("{} is not a socket", path.display())]
+    NotASocket {
+        /// Where the socket was looked for.
+        path: PathBuf,
+    },
+    /// The socket is owned by another user than
+    /// [`PluginBuilder::socket_owner`](crate::PluginBuilder::socket_owner)
+    /// asks for: whoever made it is not the runtime, and what it says
+    /// about pods and containers would be believed.
+    #[error("{} is owned by uid {uid}, not uid {want}: not the runtime's socket", path.display())]
+    SocketOwner {
+        /// Where the socket was looked for.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// The owner asked for.
+        want: u32,
+    },
     /// Reading from or writing to the runtime's connection failed.
     #[error("NRI connection {op} failed")]
     Io {
@@ -46,6 +65,16 @@ pub enum Error {
         /// Why.
         #[source]
         source: io::Error,
+    },
+    /// The consumer's queue ([`PluginBuilder::queue`](crate::PluginBuilder::queue))
+    /// was full, so events were dropped. The plugin closes the connection
+    /// (the runtime goes on without it), waits until half the queue is
+    /// free, and connects again: the runtime's Synchronize then reports
+    /// what the consumer missed.
+    #[error("the consumer's event queue was full: {dropped} NRI events dropped")]
+    Overflow {
+        /// Events dropped on the connection.
+        dropped: u64,
     },
     /// The runtime closed the connection (it stopped, restarted, or dropped
     /// this plugin).
@@ -105,6 +134,14 @@ pub enum Error {
     /// and Synchronize, in time.
     #[error("NRI registration not complete after {0:?}")]
     RegistrationTimeout(Duration),
+}
+
+impl Error {
+    /// Whether the socket does not exist: the runtime has NRI off, is not
+    /// running, or the path is wrong.
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Error::Connect { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
 }
 
 /// Whether an I/O error means the peer went away rather than a fault.

@@ -179,20 +179,25 @@ fn state_change(event: proto::Event, ctr: Option<&str>) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn start(
-    budget: Duration,
-) -> (
+type Started = (
     UnixListener,
     tempfile::TempDir,
     Events,
     std::sync::Arc<Stats>,
-) {
+);
+
+fn start(budget: Duration) -> Started {
+    start_with(budget, 1024)
+}
+
+fn start_with(budget: Duration, queue: usize) -> Started {
     let dir = tempfile::tempdir().unwrap();
     let sock: PathBuf = dir.path().join("nri.sock");
     let l = UnixListener::bind(&sock).unwrap();
     let (plugin, events) = Plugin::builder()
         .socket(&sock)
         .budget(budget)
+        .queue(queue)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .build()
         .unwrap();
@@ -513,4 +518,62 @@ async fn probe_reports_the_runtime() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_full_queue_loses_nothing_the_next_synchronize_reports_it() {
+    let (l, _dir, mut events, stats) = start_with(Duration::from_millis(1500), 2);
+    let mut rt = Runtime::accept(&l).await;
+    rt.handshake(&["c0"]).await;
+    rt.call(
+        "StateChange",
+        state_change(proto::Event::RunPodSandbox, None),
+    )
+    .await;
+    // The consumer reads nothing: the queue of two holds Synchronized and
+    // the pod, and c1's creation finds no room.
+    let req = ttrpc::Request {
+        service: "nri.pkg.api.v1alpha1.Plugin".into(),
+        method: "StateChange".into(),
+        payload: state_change(proto::Event::CreateContainer, Some("c1")),
+        timeout_nano: 2_000_000_000,
+        metadata: Vec::new(),
+    };
+    rt.write(
+        PLUGIN_CONN,
+        ttrpc::encode(99, REQUEST, 0, &req.encode_to_vec()),
+    )
+    .await;
+    assert!(rt.closed().await, "the plugin leaves after a drop");
+    assert_eq!(stats.dropped(), 1);
+    // While the queue is full the plugin does not come back.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), l.accept())
+            .await
+            .is_err(),
+        "reconnected into a full queue"
+    );
+    assert!(matches!(
+        next(&mut events).await.event,
+        Event::Synchronized(_)
+    ));
+    assert!(matches!(next(&mut events).await.event, Event::Pod { .. }));
+
+    // Room again: the plugin registers, and the runtime's Synchronize
+    // reports the container whose creation was dropped, and only it.
+    let mut rt = Runtime::accept(&l).await;
+    rt.handshake(&["c0", "c1"]).await;
+    let d = next(&mut events).await;
+    let Event::Disconnected(e) = &d.event else {
+        panic!("{:?}", d.event)
+    };
+    assert!(matches!(**e, Error::Overflow { dropped: 1 }), "{e:?}");
+    let d = next(&mut events).await;
+    let Event::Synchronized(s) = &d.event else {
+        panic!("{:?}", d.event)
+    };
+    assert!(s.resync);
+    assert_eq!(s.new_containers, ["c1"]);
+    assert!(s.new_pods.is_empty() && s.gone_containers.is_empty());
+    assert_eq!(stats.registrations(), 2);
 }

@@ -38,6 +38,15 @@
 //! [`Snapshot`] says which are new and which are gone: nothing is reported
 //! twice and nothing that happened meanwhile is missed.
 //!
+//! The plugin never waits for the consumer: events go to a bounded queue
+//! ([`PluginBuilder::queue`]). An event that finds the queue full is
+//! dropped ([`Stats::dropped`]) and taken back from what the plugin
+//! remembers reporting; the plugin then leaves the runtime
+//! ([`Error::Overflow`]), waits until half the queue is free and registers
+//! again, and that Synchronize reports what the consumer missed. A
+//! container whose event was lost mid-lifecycle (its StartContainer, say)
+//! is reported as new once more.
+//!
 //! [`probe`] checks, once, that a runtime accepts a plugin.
 //!
 //! ```no_run
@@ -88,6 +97,7 @@ mod error;
 mod fake_runtime;
 mod mux;
 mod plugin;
+mod socket;
 mod stats;
 mod tracker;
 mod ttrpc;

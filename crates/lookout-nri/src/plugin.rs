@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use prost::Message as _;
 use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -17,6 +16,7 @@ use crate::Error;
 use crate::error::is_disconnect;
 use crate::mux::{self, MAX_FRAME, PLUGIN_CONN, RUNTIME_CONN};
 use crate::proto;
+use crate::socket::Target;
 use crate::stats::Stats;
 use crate::tracker::Known;
 use crate::ttrpc::{self, Decoder, REQUEST, RESPONSE};
@@ -33,7 +33,7 @@ const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
 #[derive(Debug, Clone)]
 struct Config {
-    socket: PathBuf,
+    target: Target,
     name: String,
     index: String,
     budget: Duration,
@@ -50,9 +50,29 @@ pub struct PluginBuilder {
 }
 
 impl PluginBuilder {
-    /// The runtime's NRI socket (default [`DEFAULT_SOCKET`]).
+    /// The runtime's NRI socket (default [`DEFAULT_SOCKET`]), a path on
+    /// the host (see [`host_root`](Self::host_root)).
     pub fn socket(mut self, path: impl Into<PathBuf>) -> Self {
-        self.cfg.socket = path.into();
+        self.cfg.target.socket = path.into();
+        self
+    }
+
+    /// Where the host's file system is mounted, for a plugin in a pod
+    /// (`/host`). The [socket](Self::socket) path is resolved inside it,
+    /// at every connection, as the host resolves it: symlinks (`/var/run`
+    /// is `/run`) and `..` stay inside. Default: `/`, the path as it is.
+    pub fn host_root(mut self, root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        self.cfg.target.host_root = (root != Path::new("/")).then_some(root);
+        self
+    }
+
+    /// Connects only to a socket owned by `uid` (the runtime's user, root
+    /// for a rootful runtime). A socket someone else made is refused
+    /// ([`Error::SocketOwner`]): its maker could describe any pod it likes.
+    /// Default: any owner.
+    pub fn socket_owner(mut self, uid: u32) -> Self {
+        self.cfg.target.owner = Some(uid);
         self
     }
 
@@ -152,7 +172,11 @@ impl Plugin {
     pub fn builder() -> PluginBuilder {
         PluginBuilder {
             cfg: Config {
-                socket: DEFAULT_SOCKET.into(),
+                target: Target {
+                    socket: DEFAULT_SOCKET.into(),
+                    host_root: None,
+                    owner: None,
+                },
                 name: "lookout".into(),
                 index: "10".into(),
                 budget: Duration::from_millis(1500),
@@ -196,6 +220,15 @@ impl Plugin {
                     warn!(error = %crate::Chain(&e), "NRI connection ended; reconnecting");
                     backoff = self.cfg.backoff.0;
                     failures = 0;
+                    if let Error::Overflow { .. } = e {
+                        // Reconnecting into a full queue would only drop
+                        // the Synchronize: wait until half of it is free.
+                        let half = (self.tx.max_capacity() / 2).max(1);
+                        tokio::select! {
+                            room = self.tx.reserve_many(half) => if room.is_err() { return },
+                            () = self.tx.closed() => return,
+                        }
+                    }
                     if let Err(mpsc::error::TrySendError::Closed(_)) = self
                         .tx
                         .try_send(Delivery::new(Event::Disconnected(Arc::new(e))))
@@ -206,7 +239,7 @@ impl Plugin {
                 Err(e) => {
                     failures += 1;
                     if failures == 1 {
-                        warn!(error = %crate::Chain(&e), socket = %self.cfg.socket.display(), "NRI not available; retrying with backoff");
+                        warn!(error = %crate::Chain(&e), socket = %self.cfg.target.display_path().display(), "NRI not available; retrying with backoff");
                     } else {
                         debug!(error = %crate::Chain(&e), failures, "NRI attempt failed");
                     }
@@ -231,12 +264,25 @@ pub async fn probe(
     index: &str,
     timeout: Duration,
 ) -> Result<Runtime, Error> {
-    let (plugin, _events) = Plugin::builder()
+    Plugin::builder()
         .socket(socket.as_ref())
         .name(name)
         .index(index)
-        .registration_timeout(timeout)
-        .build()?;
+        .probe(timeout)
+        .await
+}
+
+impl PluginBuilder {
+    /// [`probe`] with this configuration (socket, host root, owner, name
+    /// and index): whether the runtime accepts the plugin, within
+    /// `timeout`.
+    pub async fn probe(self, timeout: Duration) -> Result<Runtime, Error> {
+        probe_with(self.registration_timeout(timeout)).await
+    }
+}
+
+async fn probe_with(builder: PluginBuilder) -> Result<Runtime, Error> {
+    let (plugin, _events) = builder.build()?;
     let mut known = Known::default();
     let mut session = Session::new(&plugin.cfg, &plugin.tx, &plugin.stats, &mut known);
     match session.serve(true).await? {
@@ -369,6 +415,8 @@ struct Session<'a> {
     runtime: Runtime,
     synchronized: bool,
     consumer_gone: bool,
+    /// Events dropped on this connection (the consumer's queue was full).
+    dropped: u64,
     answers: JoinSet<(u32, Vec<u8>)>,
 }
 
@@ -396,6 +444,7 @@ impl<'a> Session<'a> {
             runtime: Runtime::default(),
             synchronized: false,
             consumer_gone: false,
+            dropped: 0,
             answers: JoinSet::new(),
         }
     }
@@ -403,12 +452,7 @@ impl<'a> Session<'a> {
     /// Serves one connection. `Ok(None)`: the consumer went away. With
     /// `once`, returns `Ok(Some(runtime))` after answering Synchronize.
     async fn serve(&mut self, once: bool) -> Result<Option<Runtime>, Error> {
-        let stream = UnixStream::connect(&self.cfg.socket)
-            .await
-            .map_err(|source| Error::Connect {
-                path: self.cfg.socket.clone(),
-                source,
-            })?;
+        let stream = self.cfg.target.connect().await?;
         let (mut rd, mut wr) = stream.into_split();
         // Frames are read on their own task: a read is not cancel safe, and
         // reading must go on while answers are written.
@@ -463,6 +507,9 @@ impl<'a> Session<'a> {
                                 }
                                 if self.consumer_gone {
                                     return Ok(None);
+                                }
+                                if self.dropped > 0 {
+                                    return Err(Error::Overflow { dropped: self.dropped });
                                 }
                                 if once && self.synchronized {
                                     return Ok(Some(self.runtime.clone()));
@@ -538,6 +585,9 @@ impl<'a> Session<'a> {
             }
             "Synchronize" => {
                 let s: proto::SynchronizeRequest = decode(p, "SynchronizeRequest")?;
+                // Kept to undo the synchronization if the consumer has no
+                // room for it (once per connection).
+                let before = self.known.clone();
                 let snapshot = self.known.synchronize(
                     self.runtime.clone(),
                     s.pods.into_iter().map(Pod::from).collect(),
@@ -547,7 +597,9 @@ impl<'a> Session<'a> {
                 self.stats
                     .registrations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.deliver(Event::Synchronized(snapshot), None);
+                if !self.deliver(Event::Synchronized(snapshot), None) {
+                    *self.known = before;
+                }
                 proto::SynchronizeResponse::default().encode_to_vec()
             }
             "Shutdown" => {
@@ -620,8 +672,11 @@ impl<'a> Session<'a> {
                     }
                     Some(Err(phase)) => {
                         let pod = Pod::from(e.pod.unwrap_or_default());
-                        self.known.pod(phase, &pod);
-                        self.deliver(Event::Pod { phase, pod }, None);
+                        let id = pod.id.clone();
+                        let undo = self.known.pod(phase, &pod);
+                        if !self.deliver(Event::Pod { phase, pod }, None) {
+                            self.known.undo_pod(phase, &id, undo);
+                        }
                     }
                     None => debug!(event = e.event, "StateChange of an unknown event"),
                 }
@@ -649,18 +704,23 @@ impl<'a> Session<'a> {
         answer: Vec<u8>,
     ) -> Option<(u32, Vec<u8>)> {
         let container = Container::from(container.unwrap_or_default());
-        self.known.container(phase, &container);
+        let id = container.id.clone();
+        let previous = self.known.container(phase, &container);
         let event = Event::Container {
             phase,
             pod: pod.map(Pod::from),
             container,
         };
         if !phase.holds_start() {
-            self.deliver(event, None);
+            if !self.deliver(event, None) {
+                self.known.undo_container(phase, &id, previous);
+            }
             return Some(respond(stream, answer));
         }
         let (ack_tx, ack_rx) = oneshot::channel();
-        self.deliver(event, Some((ack_tx, received, deadline)));
+        if !self.deliver(event, Some((ack_tx, received, deadline))) {
+            self.known.undo_container(phase, &id, previous);
+        }
         let stats = self.stats.clone();
         self.answers.spawn(async move {
             // Released, dropped (also when the event was dropped) or late.
@@ -681,7 +741,15 @@ impl<'a> Session<'a> {
         None
     }
 
-    fn deliver(&mut self, event: Event, ack: Option<(oneshot::Sender<()>, Instant, Instant)>) {
+    /// Hands `event` to the consumer without waiting; whether it was
+    /// queued. One that finds the queue full is dropped and counted, and
+    /// the session ends after this request ([`Error::Overflow`]) so that
+    /// the next Synchronize reports what the consumer missed.
+    fn deliver(
+        &mut self,
+        event: Event,
+        ack: Option<(oneshot::Sender<()>, Instant, Instant)>,
+    ) -> bool {
         let mut d = Delivery::new(event);
         if let Some((tx, received, deadline)) = ack {
             d.ack = Ack {
@@ -691,14 +759,19 @@ impl<'a> Session<'a> {
             };
         }
         match self.tx.try_send(d) {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(d)) => {
                 self.stats
                     .dropped
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                warn!(event = ?d.event, "NRI event queue full; event dropped");
+                self.dropped += 1;
+                warn!(event = ?d.event, "NRI event queue full; event dropped, resynchronizing");
+                false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => self.consumer_gone = true,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.consumer_gone = true;
+                false
+            }
         }
     }
 }

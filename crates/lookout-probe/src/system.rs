@@ -2,7 +2,7 @@
 //! configuration: everything the probe learns without touching fanotify or
 //! BPF.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::report::{Check, Fail, Status};
 
@@ -269,28 +269,88 @@ pub fn state_dirs(host_root: &Path) -> Result<String, Fail> {
 }
 
 /// Whether the runtime's NRI socket (`socket`, a host path) is there, under
-/// `host_root`. Nothing connects to it: a connection that does not
+/// `host_root`, resolved as the host resolves it (`/var/run` is a symlink
+/// to `/run`). Nothing connects to it: a connection that does not
 /// register is logged by the runtime as a failed plugin. `lookout run`
 /// registers for real (`--nri`).
 pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
-    use std::os::unix::fs::FileTypeExt;
-    let at = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
-    match std::fs::metadata(&at) {
-        Ok(m) if m.file_type().is_socket() => Ok(format!(
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let shown = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
+    let at = match resolve_in_root(host_root, socket) {
+        Ok(at) => at,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Fail::unsupported(format!(
+                "no {}: NRI is off or unsupported (containerd before 1.7, or NRI disabled in \
+                 its config; CRI-O before 1.30)",
+                shown.display()
+            )));
+        }
+        Err(e) => return Err(Fail::unsupported(format!("{}: {e}", shown.display()))),
+    };
+    match std::fs::symlink_metadata(&at) {
+        Ok(m) if m.file_type().is_socket() && m.uid() == 0 => Ok(format!(
             "{} is a socket: the runtime has NRI on (lookout run registers through it)",
             at.display()
         )),
+        Ok(m) if m.file_type().is_socket() => Err(Fail::unsupported(format!(
+            "{} is a socket owned by uid {}, not root: lookout run refuses it",
+            at.display(),
+            m.uid()
+        ))),
         Ok(_) => Err(Fail::unsupported(format!(
             "{} is not a socket",
             at.display()
         ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Fail::unsupported(format!(
-            "no {}: NRI is off or unsupported (containerd before 1.7, or NRI disabled in its \
-             config; CRI-O before 1.30)",
-            at.display()
-        ))),
         Err(e) => Err(Fail::unsupported(format!("{}: {e}", at.display()))),
     }
+}
+
+/// `path` (a host path) resolved under `host_root` the way the host
+/// resolves it: an absolute symlink starts again at the host root, `..`
+/// never goes above it. Returns the path under `host_root`.
+fn resolve_in_root(host_root: &Path, path: &Path) -> std::io::Result<PathBuf> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    // At most 40 symlinks, as the kernel allows.
+    let mut links = 0;
+    let mut rest: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push = |rest: &mut VecDeque<_>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(s) => rest.push_front(s.to_os_string()),
+                Component::ParentDir => rest.push_front("..".into()),
+                _ => {}
+            }
+        }
+    };
+    push(&mut rest, path);
+    let mut done: Vec<std::ffi::OsString> = Vec::new();
+    while let Some(c) = rest.pop_front() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let mut at = host_root.to_path_buf();
+        at.extend(&done);
+        at.push(&c);
+        let meta = std::fs::symlink_metadata(&at)?;
+        if !meta.file_type().is_symlink() {
+            done.push(c);
+            continue;
+        }
+        links += 1;
+        if links > 40 {
+            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        let target = std::fs::read_link(&at)?;
+        if target.is_absolute() {
+            done.clear();
+        }
+        push(&mut rest, &target);
+    }
+    let mut at = host_root.to_path_buf();
+    at.extend(&done);
+    Ok(at)
 }
 
 #[cfg(test)]
@@ -347,7 +407,36 @@ mod tests {
         let _listener =
             std::os::unix::net::UnixListener::bind(root.path().join("var/run/nri/nri.sock"))
                 .expect("bind");
-        let ok = nri_socket(root.path(), at).expect("a socket");
-        assert!(ok.contains("is a socket"), "{ok}");
+        match nri_socket(root.path(), at) {
+            Ok(ok) => assert!(ok.contains("is a socket"), "{ok}"),
+            // Not root: the socket is the test's user's.
+            Err(e) => assert!(e.reason.contains("not root"), "{}", e.reason),
+        }
+    }
+
+    #[test]
+    fn the_nri_socket_is_found_through_the_hosts_absolute_symlinks() {
+        use std::os::unix::fs::MetadataExt;
+        // As on a systemd host: var/run -> /run, which must resolve inside
+        // the host root, not in the prober's own /run.
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("run/nri")).expect("mkdir");
+        std::fs::create_dir_all(root.path().join("var")).expect("mkdir");
+        std::os::unix::fs::symlink("/run", root.path().join("var/run")).expect("symlink");
+        let sock = root.path().join("run/nri/nri.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let at = Path::new("/var/run/../var/run/nri/nri.sock");
+        let found = nri_socket(root.path(), at);
+        if std::fs::metadata(&sock).expect("stat").uid() == 0 {
+            let ok = found.expect("found");
+            assert!(ok.contains(&sock.display().to_string()), "{ok}");
+        } else {
+            let e = found.expect_err("not root's");
+            assert!(e.reason.contains("not root"), "{}", e.reason);
+        }
+        // A symlink loop ends.
+        std::os::unix::fs::symlink("/loop", root.path().join("loop")).expect("symlink");
+        let e = nri_socket(root.path(), Path::new("/loop/nri.sock")).expect_err("loop");
+        assert!(!e.reason.is_empty());
     }
 }

@@ -61,18 +61,30 @@ pub(super) async fn start_nri(
     if !required && args.nri == NriArg::Off {
         return Ok(None);
     }
-    let socket = lookout_model::host_path(&args.host_root, &args.nri_socket);
-    if !required && !socket.exists() {
-        tracing::info!(socket = %socket.display(), "NRI: no socket; not used");
-        return Ok(None);
+    // The socket path is resolved inside the host root (`/var/run` is a
+    // symlink to `/run` on the host); a rootful agent accepts only a
+    // socket root made.
+    let mut builder = lookout_nri::Plugin::builder()
+        .socket(&args.nri_socket)
+        .host_root(&args.host_root)
+        .name(NRI_NAME)
+        .index(NRI_INDEX)
+        .budget(args.nri_budget);
+    if nix::unistd::geteuid().is_root() {
+        builder = builder.socket_owner(0);
     }
-    match lookout_nri::probe(&socket, NRI_NAME, NRI_INDEX, Duration::from_secs(5)).await {
+    let socket = lookout_model::host_path(&args.host_root, &args.nri_socket);
+    match builder.clone().probe(Duration::from_secs(5)).await {
         Ok(runtime) => tracing::info!(
             socket = %socket.display(),
             runtime = %runtime.name,
             version = %runtime.version,
             "NRI: the runtime accepts lookout's plugin"
         ),
+        Err(e) if e.is_absent() && !required => {
+            tracing::info!(socket = %socket.display(), "NRI: no socket; not used");
+            return Ok(None);
+        }
         Err(e) if required => bail!(
             "NRI at {} does not accept lookout's plugin: {}",
             socket.display(),
@@ -87,13 +99,7 @@ pub(super) async fn start_nri(
             return Ok(None);
         }
     }
-    let plugin = lookout_nri::Plugin::builder()
-        .socket(socket)
-        .name(NRI_NAME)
-        .index(NRI_INDEX)
-        .budget(args.nri_budget)
-        .build()
-        .context("setting up the NRI plugin")?;
+    let plugin = builder.build().context("setting up the NRI plugin")?;
     Ok(Some(plugin))
 }
 
