@@ -163,6 +163,13 @@ pub struct Subscription {
     /// Which containers it holds.
     pub filter: Filter,
     /// How long a hold waits for the decision.
+    ///
+    /// A subscriber that lets a hold reach its deadline is *overdue*: its
+    /// next holds are still sent to it, but no start waits for them (they
+    /// resolve at once by [`Subscription::on_failure`]) until it answers a
+    /// hold again. A stalled subscriber so costs one start its deadline,
+    /// not every start on the node: NRI runtimes relay one request at a
+    /// time, so there a wait would hold up every pod's containers.
     pub deadline: Duration,
     /// What an unanswered hold becomes.
     pub on_failure: FailurePolicy,
@@ -196,8 +203,15 @@ pub struct HoldRequest {
 ///
 /// Dropping it unanswered resolves the hold by the subscriber's
 /// [`FailurePolicy`] when the container's start comes.
+///
+/// Any verdict sent, even one that comes too late for its hold, shows the
+/// subscriber answers again: see [`Subscription::deadline`] for what a
+/// missed deadline costs it.
 #[derive(Debug)]
-pub struct Responder(oneshot::Sender<Answer>);
+pub struct Responder {
+    tx: oneshot::Sender<Answer>,
+    overdue: Arc<AtomicBool>,
+}
 
 #[derive(Debug)]
 struct Answer {
@@ -210,7 +224,8 @@ impl Responder {
     /// (the container was removed, or its start already went on without
     /// it).
     pub fn send(self, verdict: Verdict) -> Result<(), Verdict> {
-        self.0
+        self.overdue.store(false, Ordering::Relaxed);
+        self.tx
             .send(Answer {
                 verdict,
                 at: Instant::now(),
@@ -220,7 +235,7 @@ impl Responder {
 
     /// Whether nobody waits for the verdict any more.
     pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
     }
 }
 
@@ -251,6 +266,8 @@ struct Subscriber {
     id: u64,
     sub: Subscription,
     tx: mpsc::Sender<HoldRequest>,
+    /// It let a hold reach its deadline and has not answered one since.
+    overdue: Arc<AtomicBool>,
 }
 
 /// Hub limits and policies.
@@ -327,6 +344,8 @@ struct OpenHold {
     /// `None`: the subscriber's queue was full; its policy decides.
     answer: Option<oneshot::Receiver<Answer>>,
     issued: Instant,
+    /// The subscriber's overdue mark (set when this hold times out).
+    overdue: Arc<AtomicBool>,
 }
 
 /// The hub. See the module docs.
@@ -465,7 +484,12 @@ impl Hub {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(256);
         let deadline = sub.deadline;
-        g.push(Subscriber { id, sub, tx });
+        g.push(Subscriber {
+            id,
+            sub,
+            tx,
+            overdue: Arc::new(AtomicBool::new(false)),
+        });
         self.metrics.subscribers.set(g.len() as i64);
         Ok(GateSubscriber {
             holds: rx,
@@ -601,7 +625,10 @@ impl Hub {
             let sent = s.tx.try_send(HoldRequest {
                 hold_id,
                 live: live.clone(),
-                respond: Some(Responder(tx)),
+                respond: Some(Responder {
+                    tx,
+                    overdue: Arc::clone(&s.overdue),
+                }),
                 monotonic_ns,
             });
             let answer = if sent.is_ok() {
@@ -621,6 +648,7 @@ impl Hub {
                 sub: s.sub.clone(),
                 answer,
                 issued,
+                overdue: Arc::clone(&s.overdue),
             });
         }
     }
@@ -630,6 +658,16 @@ impl Hub {
             .as_ref()
             .and_then(|k| k.namespace.as_ref())
             .is_some_and(|ns| self.config.exempt_namespaces.contains(ns))
+    }
+
+    /// A subscriber's answer, counted.
+    fn answered(&self, sub: &Subscription, issued: Instant, a: Answer) -> (Verdict, &'static str) {
+        self.metrics.answered(&sub.name, a.at - issued);
+        let outcome = match a.verdict {
+            Verdict::Allow => "allow",
+            Verdict::Deny(_) => "deny",
+        };
+        (a.verdict, outcome)
     }
 
     /// What an unanswered hold becomes (`what` happened to the gate).
@@ -697,26 +735,37 @@ impl StartBarrier for GateBarrier {
                         let until = tokio::time::Instant::from_std(h.issued + sub.deadline);
                         let (verdict, outcome) = match h.answer {
                             None => (hub.failure(&sub, &c, "its queue is full"), "queue-full"),
-                            Some(rx) => match tokio::time::timeout_at(until, rx).await {
-                                Ok(Ok(a)) => {
-                                    hub.metrics.answered(&sub.name, a.at - h.issued);
-                                    let outcome = match a.verdict {
-                                        Verdict::Allow => "allow",
-                                        Verdict::Deny(_) => "deny",
-                                    };
-                                    (a.verdict, outcome)
+                            // Overdue: what it answered by now, or nothing.
+                            Some(mut rx) if h.overdue.load(Ordering::Relaxed) => {
+                                match rx.try_recv() {
+                                    Ok(a) => hub.answered(&sub, h.issued, a),
+                                    Err(_) => (
+                                        hub.failure(
+                                            &sub,
+                                            &c,
+                                            "it missed its last deadline and has not \
+                                             answered since (not waited for)",
+                                        ),
+                                        "overdue",
+                                    ),
                                 }
+                            }
+                            Some(rx) => match tokio::time::timeout_at(until, rx).await {
+                                Ok(Ok(a)) => hub.answered(&sub, h.issued, a),
                                 Ok(Err(_)) => {
                                     (hub.failure(&sub, &c, "it went away"), "disconnected")
                                 }
-                                Err(_) => (
-                                    hub.failure(
-                                        &sub,
-                                        &c,
-                                        &format!("no answer within {:?}", sub.deadline),
-                                    ),
-                                    "timeout",
-                                ),
+                                Err(_) => {
+                                    h.overdue.store(true, Ordering::Relaxed);
+                                    (
+                                        hub.failure(
+                                            &sub,
+                                            &c,
+                                            &format!("no answer within {:?}", sub.deadline),
+                                        ),
+                                        "timeout",
+                                    )
+                                }
                             },
                         };
                         hub.metrics.decided(&sub.name, outcome);
@@ -846,7 +895,7 @@ impl HubMetrics {
         );
         registry.register(
             "gate_decisions",
-            "Holds resolved, by outcome: allow, deny, timeout, disconnected, queue-full",
+            "Holds resolved, by outcome: allow, deny, timeout, overdue, disconnected, queue-full",
             m.decisions.clone(),
         );
         registry.register(
@@ -1182,6 +1231,72 @@ mod tests {
         let hold = early.holds.try_recv().expect("hold for e");
         feed(&h, removed("e"));
         assert!(hold.respond.expect("held").send(Verdict::Allow).is_err());
+    }
+
+    /// Polls `wait` once: its decision if it needs no waiting.
+    fn decided_at_once(wait: &mut StartWait) -> Option<StartDecision> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match wait.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(d) => Some(d),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_missed_a_deadline_is_not_waited_for_until_it_answers() {
+        let h = hub(100, 100);
+        let barrier = GateBarrier(Arc::clone(&h));
+        let gate = |name: &str, on_failure| {
+            h.gate(Subscription {
+                name: name.into(),
+                filter: Filter::default(),
+                deadline: Duration::from_millis(100),
+                on_failure,
+            })
+            .expect("gate")
+        };
+        let mut stalled = gate("stalled", FailurePolicy::Open);
+        // Its first hold waits for the deadline, then the policy decides.
+        feed(&h, added("c1", Status::Created));
+        let mut w1 = barrier.wait("c1").expect("held");
+        assert_eq!(decided_at_once(&mut w1), None, "the first hold waits");
+        assert_eq!(w1.await, StartDecision::Proceed);
+        // Overdue now: the next start does not wait, yet the subscriber
+        // still hears of the container.
+        feed(&h, added("c2", Status::Created));
+        let mut w2 = barrier.wait("c2").expect("held");
+        assert_eq!(decided_at_once(&mut w2), Some(StartDecision::Proceed));
+        let _c1 = stalled.holds.try_recv().expect("hold for c1");
+        let c2 = stalled.holds.try_recv().expect("hold for c2");
+        assert_eq!(c2.live.container.id, "c2");
+        // An answer, even one too late for its hold, shows it answers
+        // again: the next start waits for it.
+        assert!(c2.respond.expect("held").send(Verdict::Allow).is_err());
+        feed(&h, added("c3", Status::Created));
+        let mut w3 = barrier.wait("c3").expect("held");
+        assert_eq!(decided_at_once(&mut w3), None, "waited for again");
+        let c3 = stalled.holds.try_recv().expect("hold for c3");
+        c3.respond
+            .expect("held")
+            .send(Verdict::Deny("no".into()))
+            .expect("sent");
+        assert_eq!(
+            w3.await,
+            StartDecision::Deny("denied by gate stalled: no".into())
+        );
+        drop(stalled);
+
+        // Fail-closed keeps its promise when overdue: denied, at once.
+        let _strict = gate("strict", FailurePolicy::Closed);
+        feed(&h, added("d1", Status::Created));
+        let w = barrier.wait("d1").expect("held");
+        assert!(matches!(w.await, StartDecision::Deny(r) if r.contains("no answer within")));
+        feed(&h, added("d2", Status::Created));
+        let mut w = barrier.wait("d2").expect("held");
+        assert!(matches!(
+            decided_at_once(&mut w),
+            Some(StartDecision::Deny(r)) if r.contains("missed its last deadline")
+        ));
     }
 
     #[tokio::test]
