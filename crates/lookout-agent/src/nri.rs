@@ -28,21 +28,32 @@ use lookout_runtime_hook::{StartBarrier, StartDecision};
 const ANSWER_MARGIN: Duration = Duration::from_millis(50);
 
 /// Reads the plugin's events until it stops, reporting into `sink`.
-/// `barrier`: what a container's start waits for.
+/// `barrier`: what a container's start waits for; `stats`: the plugin's
+/// counters (its dropped events become a metric).
 pub(crate) async fn report<S: Sink + Send>(
     mut events: Events,
     mut sink: S,
     barrier: Arc<dyn StartBarrier>,
     metrics: Arc<crate::serve::Metrics>,
+    stats: Arc<lookout_nri::Stats>,
     synced: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut synced = Some(synced);
+    // The plugin's dropped events counted so far: each drop ends its
+    // connection, and the Synchronize that follows reports what it carried.
+    let mut dropped = 0;
+    let mut count_dropped = |metrics: &crate::serve::Metrics| {
+        let now = stats.dropped();
+        metrics.nri_dropped(now.saturating_sub(dropped));
+        dropped = dropped.max(now);
+    };
     // The runtime's name until Synchronize says (`containerd`, `cri-o`):
     // the kind of a container whose pod names no runtime handler.
     let mut runtime = RuntimeKind::Other("cri".into());
     while let Some(Delivery { event, ack, .. }) = events.recv().await {
         match event {
             Event::Synchronized(snap) => {
+                count_dropped(&metrics);
                 if !snap.runtime.name.is_empty() {
                     runtime = RuntimeKind::from_binary_name(&snap.runtime.name);
                 }
@@ -128,6 +139,7 @@ pub(crate) async fn report<S: Sink + Send>(
             },
             Event::Disconnected(e) => {
                 metrics.nri_disconnect();
+                count_dropped(&metrics);
                 tracing::warn!(
                     error = %lookout_model::Chain(e.as_ref()),
                     "NRI: the runtime closed the connection; reconnecting"

@@ -83,6 +83,7 @@ pub struct Metrics {
     stdout_dropped: Counter,
     nri_late: Counter,
     nri_disconnects: Counter,
+    nri_dropped: Counter,
     recovered: Counter,
     without_argv: Counter,
     missed: Family<MissedLabels, Counter>,
@@ -154,6 +155,13 @@ impl Metrics {
             "NRI: connections to the runtime that ended (each is followed by a reconnect and a \
              resynchronization)",
             nri_disconnects.clone(),
+        );
+        let nri_dropped = Counter::default();
+        registry.register(
+            "nri_events_dropped",
+            "NRI: events that found the agent's queue full; each ended the connection, and the \
+             Synchronize after the reconnect reported what they carried",
+            nri_dropped.clone(),
         );
         let stdout_late = Counter::default();
         registry.register(
@@ -244,6 +252,7 @@ impl Metrics {
             stdout_dropped,
             nri_late,
             nri_disconnects,
+            nri_dropped,
         }
     }
 
@@ -288,6 +297,13 @@ impl Metrics {
 
     pub fn nri_disconnect(&self) {
         self.nri_disconnects.inc();
+    }
+
+    /// `n` more NRI events dropped (a full queue).
+    pub fn nri_dropped(&self, n: u64) {
+        if n > 0 {
+            self.nri_dropped.inc_by(n);
+        }
     }
 
     pub fn stdout_dropped(&self) {

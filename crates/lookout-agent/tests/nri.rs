@@ -418,6 +418,7 @@ fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
         Some(0.0),
         "the deadline is inside the budget: {took:?}"
     );
+    assert_eq!(metric(&m, "lookout_nri_events_dropped_total"), Some(0.0));
 }
 
 #[test]

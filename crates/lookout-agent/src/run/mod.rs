@@ -336,6 +336,7 @@ impl Discovery<'_> {
         // scan would.
         let nri = nri.map(|(plugin, events)| {
             let (synced_tx, synced) = tokio::sync::oneshot::channel();
+            let stats = plugin.stats();
             let plugin = tokio::spawn(plugin.run());
             let (out, barrier, metrics) = (
                 sink.clone(),
@@ -343,7 +344,7 @@ impl Discovery<'_> {
                 std::sync::Arc::clone(metrics),
             );
             let report = tokio::spawn(async move {
-                crate::nri::report(events, out, barrier, metrics, synced_tx).await;
+                crate::nri::report(events, out, barrier, metrics, stats, synced_tx).await;
             });
             (plugin, report, synced)
         });
