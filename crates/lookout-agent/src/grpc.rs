@@ -45,18 +45,55 @@ pub struct Service {
     default_deadline: Duration,
 }
 
-fn filter_of(f: Option<pb::Filter>) -> Filter {
+/// Entries at most in each of a filter's lists and maps: a filter is
+/// matched against every event while the hub's table is locked, so its
+/// size is the consumer's to keep small.
+pub const MAX_FILTER_ENTRIES: usize = 64;
+
+/// Bytes at most in one string of a filter (a Kubernetes label value is
+/// at most 63, an annotation key 317).
+pub const MAX_FILTER_STRING: usize = 1024;
+
+/// Bytes at most in one request message (a Subscribe with the largest
+/// filter fits with room to spare).
+pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
+
+fn filter_of(f: Option<pb::Filter>) -> Result<Filter, Status> {
     let f = f.unwrap_or_default();
+    for (what, n) in [
+        ("runtimes", f.runtimes.len()),
+        ("namespaces", f.namespaces.len()),
+        ("pod_labels", f.pod_labels.len()),
+        ("annotations", f.annotations.len()),
+    ] {
+        if n > MAX_FILTER_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "filter.{what} has {n} entries; at most {MAX_FILTER_ENTRIES}"
+            )));
+        }
+    }
+    let long = f
+        .runtimes
+        .iter()
+        .chain(&f.namespaces)
+        .chain(f.pod_labels.iter().flat_map(|(k, v)| [k, v]))
+        .chain(f.annotations.iter().flat_map(|(k, v)| [k, v]))
+        .any(|s| s.len() > MAX_FILTER_STRING);
+    if long {
+        return Err(Status::invalid_argument(format!(
+            "a filter string is longer than {MAX_FILTER_STRING} bytes"
+        )));
+    }
     let mut pod_labels: Vec<(String, String)> = f.pod_labels.into_iter().collect();
     pod_labels.sort();
     let mut annotations: Vec<(String, String)> = f.annotations.into_iter().collect();
     annotations.sort();
-    Filter {
+    Ok(Filter {
         runtimes: f.runtimes,
         namespaces: f.namespaces,
         pod_labels,
         annotations,
-    }
+    })
 }
 
 /// The wire form of a container.
@@ -131,7 +168,7 @@ impl Lookout for Service {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter));
+        let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter)?);
         Ok(Response::new(pb::ListResponse {
             revision,
             containers: live.iter().map(container_pb).collect(),
@@ -147,7 +184,7 @@ impl Lookout for Service {
         let r = req.into_inner();
         let mut w = self
             .hub
-            .watch(r.since, filter_of(r.filter))
+            .watch(r.since, filter_of(r.filter)?)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let out = async_stream::stream! {
             loop {
@@ -225,6 +262,7 @@ impl Lookout for Service {
             0 => self.default_deadline,
             ms => Duration::from_millis(u64::from(ms)),
         };
+        let filter = filter_of(s.filter)?;
         let on_failure = match pb::FailurePolicy::try_from(s.on_failure) {
             Ok(pb::FailurePolicy::FailClosed) => FailurePolicy::Closed,
             Ok(pb::FailurePolicy::FailOpen) => FailurePolicy::Open,
@@ -234,7 +272,7 @@ impl Lookout for Service {
             .hub
             .gate(Subscription {
                 name: name.clone(),
-                filter: filter_of(s.filter),
+                filter,
                 deadline,
                 on_failure,
             })
@@ -425,7 +463,7 @@ pub fn spawn(
         tracing::info!(socket = %path.display(), "consumer API listening");
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(LookoutServer::new(svc))
+            .add_service(LookoutServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES))
             .serve_with_incoming(incoming)
             .await
         {
@@ -434,4 +472,39 @@ pub fn spawn(
     })
     .context("spawning the consumer API thread")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_too_large_to_match_cheaply_is_refused() {
+        let many = |n: usize| (0..n).map(|i| format!("ns{i}")).collect::<Vec<_>>();
+        let ok = pb::Filter {
+            namespaces: many(MAX_FILTER_ENTRIES),
+            ..Default::default()
+        };
+        assert_eq!(
+            filter_of(Some(ok)).expect("at the limit").namespaces.len(),
+            MAX_FILTER_ENTRIES
+        );
+        let wide = pb::Filter {
+            namespaces: many(MAX_FILTER_ENTRIES + 1),
+            ..Default::default()
+        };
+        let e = filter_of(Some(wide)).expect_err("too many");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().contains("filter.namespaces has 65 entries"),
+            "{e}"
+        );
+        let long = pb::Filter {
+            pod_labels: [("app".to_string(), "x".repeat(MAX_FILTER_STRING + 1))].into(),
+            ..Default::default()
+        };
+        let e = filter_of(Some(long)).expect_err("too long");
+        assert!(e.message().contains("longer than"), "{e}");
+        assert!(filter_of(None).is_ok(), "no filter: everything");
+    }
 }
