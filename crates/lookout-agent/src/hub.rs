@@ -164,12 +164,14 @@ pub struct Subscription {
     pub filter: Filter,
     /// How long a hold waits for the decision.
     ///
-    /// A subscriber that lets a hold reach its deadline is *overdue*: its
-    /// next holds are still sent to it, but no start waits for them (they
-    /// resolve at once by [`Subscription::on_failure`]) until it answers a
-    /// hold again. A stalled subscriber so costs one start its deadline,
-    /// not every start on the node: NRI runtimes relay one request at a
-    /// time, so there a wait would hold up every pod's containers.
+    /// A subscriber that lets a hold reach its deadline (or the runtime's,
+    /// under NRI, if that comes first) is *overdue*: its next holds are
+    /// still sent to it, but no start waits for them (they resolve at once
+    /// by [`Subscription::on_failure`]) until it answers one within that
+    /// hold's deadline. A stalled subscriber so costs one start its
+    /// deadline, not every start on the node: NRI runtimes relay one
+    /// request at a time, so there a wait would hold up every pod's
+    /// containers.
     pub deadline: Duration,
     /// What an unanswered hold becomes.
     pub on_failure: FailurePolicy,
@@ -203,15 +205,8 @@ pub struct HoldRequest {
 ///
 /// Dropping it unanswered resolves the hold by the subscriber's
 /// [`FailurePolicy`] when the container's start comes.
-///
-/// Any verdict sent, even one that comes too late for its hold, shows the
-/// subscriber answers again: see [`Subscription::deadline`] for what a
-/// missed deadline costs it.
 #[derive(Debug)]
-pub struct Responder {
-    tx: oneshot::Sender<Answer>,
-    overdue: Arc<AtomicBool>,
-}
+pub struct Responder(oneshot::Sender<Answer>);
 
 #[derive(Debug)]
 struct Answer {
@@ -224,8 +219,7 @@ impl Responder {
     /// (the container was removed, or its start already went on without
     /// it).
     pub fn send(self, verdict: Verdict) -> Result<(), Verdict> {
-        self.overdue.store(false, Ordering::Relaxed);
-        self.tx
+        self.0
             .send(Answer {
                 verdict,
                 at: Instant::now(),
@@ -235,7 +229,7 @@ impl Responder {
 
     /// Whether nobody waits for the verdict any more.
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.0.is_closed()
     }
 }
 
@@ -334,6 +328,9 @@ struct State {
     denied: HashMap<String, String>,
     /// Holds opened when a container was created, until its `start`.
     open: HashMap<String, Vec<OpenHold>>,
+    /// A start's decision, until the container's removal: a second wait
+    /// for the same start (NRI, then the hook) gets it without new holds.
+    decided: HashMap<String, StartDecision>,
 }
 
 /// One subscriber's hold on a created container, opened before the
@@ -386,6 +383,7 @@ impl Hub {
                 log: VecDeque::new(),
                 watchers: Vec::new(),
                 denied: HashMap::new(),
+                decided: HashMap::new(),
                 open: HashMap::new(),
             }),
             gates: Mutex::new(Vec::new()),
@@ -527,6 +525,7 @@ impl Hub {
                 // Holds still open (the container went before its start)
                 // are dropped: their subscribers' answers go nowhere.
                 s.open.remove(&id);
+                s.decided.remove(&id);
                 let added = s.live.remove(&id);
                 Live {
                     container: Arc::new(event.container.clone()),
@@ -625,10 +624,7 @@ impl Hub {
             let sent = s.tx.try_send(HoldRequest {
                 hold_id,
                 live: live.clone(),
-                respond: Some(Responder {
-                    tx,
-                    overdue: Arc::clone(&s.overdue),
-                }),
+                respond: Some(Responder(tx)),
                 monotonic_ns,
             });
             let answer = if sent.is_ok() {
@@ -702,6 +698,19 @@ pub struct GateBarrier(pub Arc<Hub>);
 
 impl StartBarrier for GateBarrier {
     fn wait(&self, id: &str) -> Option<StartWait> {
+        self.wait_capped(id, None)
+    }
+
+    fn wait_until(&self, id: &str, until: Instant) -> Option<StartWait> {
+        self.wait_capped(id, Some(until))
+    }
+}
+
+impl GateBarrier {
+    /// The start of `id` waits for its gates; a hold still unanswered at
+    /// `cap` (the caller's own deadline, NRI's) is decided then, by its
+    /// subscriber's policy, as at the subscriber's deadline.
+    fn wait_capped(&self, id: &str, cap: Option<Instant>) -> Option<StartWait> {
         let hub = Arc::clone(&self.0);
         if !hub.can_hold.load(Ordering::Relaxed) {
             return None;
@@ -710,6 +719,17 @@ impl StartBarrier for GateBarrier {
         // came since. With neither, the start waits for nothing.
         let (live, mut holds) = {
             let mut s = lock(&hub.state);
+            // Decided already (NRI's StartContainer, then `runc start`
+            // beside it): the same decision, and no second hold.
+            if let Some(d) = s.decided.get(id) {
+                return match d {
+                    StartDecision::Proceed => None,
+                    d => {
+                        let d = d.clone();
+                        Some(Box::pin(async move { d }))
+                    }
+                };
+            }
             let holds = s.open.remove(id).unwrap_or_default();
             if holds.is_empty() && lock(&hub.gates).is_empty() {
                 return None;
@@ -730,46 +750,9 @@ impl StartBarrier for GateBarrier {
                 .map(|h| {
                     let (hub, c) = (Arc::clone(&hub), Arc::clone(&c));
                     async move {
-                        let sub = h.sub;
-                        // The deadline runs from the hold's issue.
-                        let until = tokio::time::Instant::from_std(h.issued + sub.deadline);
-                        let (verdict, outcome) = match h.answer {
-                            None => (hub.failure(&sub, &c, "its queue is full"), "queue-full"),
-                            // Overdue: what it answered by now, or nothing.
-                            Some(mut rx) if h.overdue.load(Ordering::Relaxed) => {
-                                match rx.try_recv() {
-                                    Ok(a) => hub.answered(&sub, h.issued, a),
-                                    Err(_) => (
-                                        hub.failure(
-                                            &sub,
-                                            &c,
-                                            "it missed its last deadline and has not \
-                                             answered since (not waited for)",
-                                        ),
-                                        "overdue",
-                                    ),
-                                }
-                            }
-                            Some(rx) => match tokio::time::timeout_at(until, rx).await {
-                                Ok(Ok(a)) => hub.answered(&sub, h.issued, a),
-                                Ok(Err(_)) => {
-                                    (hub.failure(&sub, &c, "it went away"), "disconnected")
-                                }
-                                Err(_) => {
-                                    h.overdue.store(true, Ordering::Relaxed);
-                                    (
-                                        hub.failure(
-                                            &sub,
-                                            &c,
-                                            &format!("no answer within {:?}", sub.deadline),
-                                        ),
-                                        "timeout",
-                                    )
-                                }
-                            },
-                        };
-                        hub.metrics.decided(&sub.name, outcome);
-                        (sub.name, verdict)
+                        let outcome = hub.decide(h, cap, &c).await;
+                        hub.metrics.decided(&outcome.0, outcome.2);
+                        (outcome.0, outcome.1)
                     }
                 })
                 .collect();
@@ -786,30 +769,123 @@ impl StartBarrier for GateBarrier {
                     None => break StartDecision::Proceed,
                 }
             };
+            {
+                let mut s = lock(&hub.state);
+                if s.live.contains_key(&c.id) {
+                    s.decided.insert(c.id.clone(), decision.clone());
+                }
+            }
             hub.metrics.start_waited(started.elapsed());
             decision
         }))
     }
 }
 
+impl Hub {
+    /// One hold's verdict: the subscriber's answer, or its policy when it
+    /// has none by its deadline (or by `cap`), went away, or is overdue.
+    /// Returns the subscriber's name, the verdict and the outcome label.
+    async fn decide(
+        &self,
+        h: OpenHold,
+        cap: Option<Instant>,
+        c: &Container,
+    ) -> (String, Verdict, &'static str) {
+        let sub = h.sub;
+        // The deadline runs from the hold's issue.
+        let own = h.issued + sub.deadline;
+        let until = cap.map_or(own, |cap| cap.min(own));
+        let (verdict, outcome) = match h.answer {
+            None => (self.failure(&sub, c, "its queue is full"), "queue-full"),
+            // Overdue: what it answered by now, or nothing.
+            Some(mut rx) if h.overdue.load(Ordering::Relaxed) => match rx.try_recv() {
+                Ok(a) => {
+                    h.overdue.store(false, Ordering::Relaxed);
+                    self.answered(&sub, h.issued, a)
+                }
+                Err(_) => {
+                    // Not waited for; an answer within the hold's own
+                    // deadline shows the subscriber answers again.
+                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                        let overdue = Arc::clone(&h.overdue);
+                        rt.spawn(async move {
+                            let own = tokio::time::Instant::from_std(own);
+                            if let Ok(Ok(_)) = tokio::time::timeout_at(own, rx).await {
+                                overdue.store(false, Ordering::Relaxed);
+                            }
+                        });
+                    }
+                    (
+                        self.failure(
+                            &sub,
+                            c,
+                            "it missed its last deadline and has not answered one in time \
+                             since (not waited for)",
+                        ),
+                        "overdue",
+                    )
+                }
+            },
+            Some(rx) => {
+                match tokio::time::timeout_at(tokio::time::Instant::from_std(until), rx).await {
+                    Ok(Ok(a)) => {
+                        h.overdue.store(false, Ordering::Relaxed);
+                        self.answered(&sub, h.issued, a)
+                    }
+                    Ok(Err(_)) => (self.failure(&sub, c, "it went away"), "disconnected"),
+                    Err(_) => {
+                        h.overdue.store(true, Ordering::Relaxed);
+                        let what = if until < own {
+                            format!(
+                                "no answer within {:?}, the runtime's deadline",
+                                until.saturating_duration_since(h.issued)
+                            )
+                        } else {
+                            format!("no answer within {:?}", sub.deadline)
+                        };
+                        (self.failure(&sub, c, &what), "timeout")
+                    }
+                }
+            }
+        };
+        (sub.name, verdict, outcome)
+    }
+}
+
 /// Every start barrier at once: the start goes on when all proceed, and
-/// is denied if one denies.
+/// is denied as soon as one denies.
 pub struct Barriers(pub Vec<Arc<dyn StartBarrier>>);
 
-impl StartBarrier for Barriers {
-    fn wait(&self, id: &str) -> Option<StartWait> {
-        let waits: Vec<StartWait> = self.0.iter().filter_map(|b| b.wait(id)).collect();
+impl Barriers {
+    fn all(waits: Vec<StartWait>) -> Option<StartWait> {
         if waits.is_empty() {
             return None;
         }
         Some(Box::pin(async move {
-            for d in futures::future::join_all(waits).await {
+            use futures::StreamExt;
+            let mut waits: futures::stream::FuturesUnordered<_> = waits.into_iter().collect();
+            while let Some(d) = waits.next().await {
                 if let StartDecision::Deny(_) = d {
                     return d;
                 }
             }
             StartDecision::Proceed
         }))
+    }
+}
+
+impl StartBarrier for Barriers {
+    fn wait(&self, id: &str) -> Option<StartWait> {
+        Barriers::all(self.0.iter().filter_map(|b| b.wait(id)).collect())
+    }
+
+    fn wait_until(&self, id: &str, until: Instant) -> Option<StartWait> {
+        Barriers::all(
+            self.0
+                .iter()
+                .filter_map(|b| b.wait_until(id, until))
+                .collect(),
+        )
     }
 }
 
@@ -1242,6 +1318,17 @@ mod tests {
         }
     }
 
+    /// Whether subscriber `name` is overdue, once the hub's tasks ran.
+    async fn overdue(h: &Hub, name: &str) -> bool {
+        // The mark is cleared by a task of the hub's: let it run.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        lock(&h.gates)
+            .iter()
+            .any(|s| s.sub.name == name && s.overdue.load(Ordering::Relaxed))
+    }
+
     #[tokio::test]
     async fn a_subscriber_that_missed_a_deadline_is_not_waited_for_until_it_answers() {
         let h = hub(100, 100);
@@ -1261,17 +1348,25 @@ mod tests {
         let mut w1 = barrier.wait("c1").expect("held");
         assert_eq!(decided_at_once(&mut w1), None, "the first hold waits");
         assert_eq!(w1.await, StartDecision::Proceed);
-        // Overdue now: the next start does not wait, yet the subscriber
-        // still hears of the container.
+        assert!(overdue(&h, "stalled").await);
+        // An answer too late for its hold changes nothing.
+        let c1 = stalled.holds.try_recv().expect("hold for c1");
+        assert!(c1.respond.expect("held").send(Verdict::Allow).is_err());
+        assert!(overdue(&h, "stalled").await, "a late answer does not count");
+        // Overdue: the next start does not wait, yet the subscriber still
+        // hears of the container.
         feed(&h, added("c2", Status::Created));
         let mut w2 = barrier.wait("c2").expect("held");
         assert_eq!(decided_at_once(&mut w2), Some(StartDecision::Proceed));
-        let _c1 = stalled.holds.try_recv().expect("hold for c1");
         let c2 = stalled.holds.try_recv().expect("hold for c2");
         assert_eq!(c2.live.container.id, "c2");
-        // An answer, even one too late for its hold, shows it answers
-        // again: the next start waits for it.
-        assert!(c2.respond.expect("held").send(Verdict::Allow).is_err());
+        // An answer within that hold's deadline (nobody waits for it any
+        // more) shows it answers again: the next start waits for it.
+        c2.respond
+            .expect("held")
+            .send(Verdict::Allow)
+            .expect("in time: taken");
+        assert!(!overdue(&h, "stalled").await, "answered in time");
         feed(&h, added("c3", Status::Created));
         let mut w3 = barrier.wait("c3").expect("held");
         assert_eq!(decided_at_once(&mut w3), None, "waited for again");
@@ -1297,6 +1392,53 @@ mod tests {
             decided_at_once(&mut w),
             Some(StartDecision::Deny(r)) if r.contains("missed its last deadline")
         ));
+    }
+
+    #[tokio::test]
+    async fn a_caller_deadline_decides_by_policy_and_a_start_is_gated_once() {
+        let h = hub(100, 100);
+        let barrier = GateBarrier(Arc::clone(&h));
+        // A deadline longer than the caller's (NRI answers the runtime
+        // within about 1.5 s; this subscriber asked for 10 s).
+        let mut strict = h
+            .gate(Subscription {
+                name: "strict".into(),
+                filter: Filter::default(),
+                deadline: Duration::from_secs(10),
+                on_failure: FailurePolicy::Closed,
+            })
+            .expect("gate");
+        feed(&h, added("c", Status::Created));
+        let t = Instant::now();
+        let w = barrier
+            .wait_until("c", Instant::now() + Duration::from_millis(100))
+            .expect("held");
+        let d = w.await;
+        assert!(
+            matches!(&d, StartDecision::Deny(r) if r.contains("the runtime's deadline")),
+            "{d:?}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "by the caller's deadline"
+        );
+        assert!(
+            overdue(&h, "strict").await,
+            "a missed caller's deadline counts"
+        );
+        // The hook's `runc start` after NRI's StartContainer: the same
+        // decision, and no second hold.
+        let again = barrier.wait("c").expect("the denial again");
+        assert_eq!(again.await, d);
+        assert!(strict.holds.try_recv().is_ok(), "one hold for c");
+        assert!(strict.holds.try_recv().is_err(), "and only one");
+        // Until the container is removed.
+        feed(&h, removed("c"));
+        feed(&h, added("c", Status::Created));
+        assert!(
+            strict.holds.try_recv().is_ok(),
+            "a new container, a new hold"
+        );
     }
 
     #[tokio::test]

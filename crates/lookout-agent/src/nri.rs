@@ -27,6 +27,11 @@ use lookout_runtime_hook::{StartBarrier, StartDecision};
 /// Time kept back from the plugin's deadline for answering.
 const ANSWER_MARGIN: Duration = Duration::from_millis(50);
 
+/// Time before the answer by which the barrier is asked to decide, so
+/// that a gate's policy (fail-closed: deny), not the plugin's timeout,
+/// settles a start whose subscriber did not answer.
+const DECIDE_MARGIN: Duration = Duration::from_millis(20);
+
 /// Reads the plugin's events until it stops, reporting into `sink`.
 /// `barrier`: what a container's start waits for; `stats`: the plugin's
 /// counters (its dropped events become a metric).
@@ -118,7 +123,11 @@ pub(crate) async fn report<S: Sink + Send>(
                     let c = container_of(&container, pod.as_ref(), &runtime, Status::Created);
                     let (id, pid) = (c.id.clone(), c.pid);
                     sink.emit(ContainerEvent::added(Source::Nri, c));
-                    if let Some(wait) = barrier.wait(&id) {
+                    let until = ack
+                        .deadline()
+                        .checked_sub(ANSWER_MARGIN + DECIDE_MARGIN)
+                        .unwrap_or_else(Instant::now);
+                    if let Some(wait) = barrier.wait_until(&id, until) {
                         // The start is held on a task of its own, with its
                         // ack: a container whose hooks or gates take their
                         // time holds up neither the events after it nor the

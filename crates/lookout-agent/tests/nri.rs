@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use lookout_api::v1::FailurePolicy;
 use lookout_testsupport::cri::{BUSYBOX_IMAGE, CriNode, Pod, PodSpec, require_cri};
 use lookout_testsupport::{bundle, require_program};
 use serde_json::Value;
@@ -320,25 +321,20 @@ fn a_start_that_waits_behind_a_held_one_is_reported_once_and_not_late() {
     );
 }
 
-/// Because the runtime relays one NRI request at a time, a gate subscriber
-/// that stops answering would cost every CRI start on the node its
-/// deadline. It costs one: after a missed deadline, starts no longer wait
-/// for it (its fail-open policy decides at once) until it answers again.
-#[test]
-fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
-    const TEST: &str = "nri_stalled_gate";
-    if !require_cri(TEST) {
-        return;
-    }
-    let node = CriNode::start().expect("start the CRI node");
-    let agent = agent(&node, true, &[]);
+/// A gate subscriber for `namespace` with the default deadline (2 s) that
+/// takes its holds and never answers (it keeps them: a dropped hold would
+/// count as gone, not stalled). Returns once subscribed; yields the id of
+/// each held container.
+fn stalled_subscriber(
+    agent: &Agent,
+    name: &str,
+    namespace: &str,
+    policy: FailurePolicy,
+) -> std::sync::mpsc::Receiver<String> {
     let socket = agent.socket().to_path_buf();
-    let namespace = format!("stalled-{}", std::process::id());
-    // A subscriber that takes its holds and never answers (it keeps them:
-    // a dropped hold would count as gone, not stalled).
     let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
     let (seen_tx, seen) = std::sync::mpsc::channel::<String>();
-    let ns = namespace.clone();
+    let (name, ns) = (name.to_string(), namespace.to_string());
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -350,13 +346,13 @@ fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
                 .expect("connect");
             let mut gate = client
                 .gate(lookout_api::v1::Subscribe {
-                    name: "stalled".into(),
+                    name,
                     filter: Some(lookout_api::v1::Filter {
                         namespaces: vec![ns],
                         ..Default::default()
                     }),
-                    deadline_ms: 800,
-                    on_failure: lookout_api::v1::FailurePolicy::FailOpen as i32,
+                    deadline_ms: 0,
+                    on_failure: policy as i32,
                 })
                 .await
                 .expect("subscribe");
@@ -373,6 +369,36 @@ fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
     ready
         .recv_timeout(Duration::from_secs(10))
         .expect("subscribed");
+    seen
+}
+
+/// A gate decision counted on the agent's `/metrics`.
+fn decided(agent: &Agent, subscriber: &str, outcome: &str) -> Option<f64> {
+    metric(
+        &agent.metrics(),
+        &format!(
+            "lookout_gate_decisions_total{{subscriber=\"{subscriber}\",outcome=\"{outcome}\"}}"
+        ),
+    )
+}
+
+/// Because the runtime relays one NRI request at a time, a gate subscriber
+/// that stops answering would cost every CRI start on the node its
+/// deadline. It costs one: after a missed deadline, starts no longer wait
+/// for it (its fail-open policy decides at once) until it answers again.
+/// Its deadline is the default (2 s), longer than NRI's budget (1.5 s): the
+/// runtime's deadline is the one it missed, and the gate's policy, not the
+/// plugin's timeout, settled the start.
+#[test]
+fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
+    const TEST: &str = "nri_stalled_gate";
+    if !require_cri(TEST) {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let agent = agent(&node, true, &[]);
+    let namespace = format!("stalled-{}", std::process::id());
+    let seen = stalled_subscriber(&agent, "stalled", &namespace, FailurePolicy::FailOpen);
     let mut kubelet = node.kubelet().expect("CRI client");
     let mut pods = Vec::new();
     for i in 0..3 {
@@ -395,28 +421,14 @@ fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
     let took: Vec<_> = pods.iter().map(|p| p.start_took.clone()).collect();
     eprintln!("{TEST}: starts took {took:?}");
     let m = agent.metrics();
-    let decided = |outcome: &str| {
-        metric(
-            &m,
-            &format!(
-                "lookout_gate_decisions_total{{subscriber=\"stalled\",outcome=\"{outcome}\"}}"
-            ),
-        )
-    };
-    assert_eq!(
-        decided("timeout"),
-        Some(1.0),
-        "one start waited: {took:?}\n{m}"
-    );
-    assert_eq!(
-        decided("overdue"),
-        Some(2.0),
-        "the others did not: {took:?}\n{m}"
-    );
+    let timeouts = decided(&agent, "stalled", "timeout");
+    assert_eq!(timeouts, Some(1.0), "one start waited: {took:?}\n{m}");
+    let overdue = decided(&agent, "stalled", "overdue");
+    assert_eq!(overdue, Some(2.0), "the others did not: {took:?}\n{m}");
     assert_eq!(
         metric(&m, "lookout_nri_late_starts_total"),
         Some(0.0),
-        "the deadline is inside the budget: {took:?}"
+        "the gate decided before the plugin's deadline: {took:?}"
     );
     assert_eq!(metric(&m, "lookout_nri_events_dropped_total"), Some(0.0));
 }
@@ -598,7 +610,7 @@ fn a_gate_subscriber_answers_through_nri_before_the_first_instruction() {
                         ..Default::default()
                     }),
                     deadline_ms: 1000,
-                    on_failure: lookout_api::v1::FailurePolicy::FailOpen as i32,
+                    on_failure: FailurePolicy::FailOpen as i32,
                 })
                 .await
                 .expect("subscribe");
@@ -651,4 +663,52 @@ fn read_monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A fail-closed gate keeps its promise through NRI even when its deadline
+/// (2 s) is longer than the runtime's: unanswered at NRI's budget, the
+/// start is denied (NRI cannot refuse one: the waiting init is killed), and
+/// the next start is denied at once (overdue), costing the node nothing.
+#[test]
+fn a_fail_closed_gate_that_misses_the_runtimes_deadline_denies_the_start() {
+    const TEST: &str = "nri_stalled_closed";
+    if !require_cri(TEST) {
+        return;
+    }
+    let stamps = tempfile::tempdir().expect("tempdir");
+    let node = CriNode::start().expect("start the CRI node");
+    let agent = agent(&node, true, &[]);
+    let namespace = format!("closed-{}", std::process::id());
+    let seen = stalled_subscriber(&agent, "strict", &namespace, FailurePolicy::FailClosed);
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let mut pods = Vec::new();
+    for i in 0..2 {
+        let ran = format!("touch /stamp/ran{i} && exec sleep 300");
+        let spec = PodSpec::new(&namespace, &format!("p{i}"))
+            .container("web", BUSYBOX_IMAGE, &["sh", "-c", &ran])
+            .mount(stamps.path(), "/stamp", false);
+        let mut pod = kubelet.create_pod(&spec).expect("create the pod");
+        let t = Instant::now();
+        let started = kubelet.start_pod(&mut pod);
+        eprintln!("{TEST}: start {i} took {:?}: {started:?}", t.elapsed());
+        let id = pod.container_ids[0].clone();
+        assert_eq!(seen.recv_timeout(Duration::from_secs(10)).as_ref(), Ok(&id));
+        // Killed before its start: it exits, never having run.
+        let status = kubelet
+            .wait_exited(&id, Duration::from_secs(10))
+            .expect("the denied container exits");
+        assert!(
+            !stamps.path().join(format!("ran{i}")).exists(),
+            "container {i} ran its first instruction: {status:?}"
+        );
+        pods.push(pod);
+    }
+    assert_eq!(decided(&agent, "strict", "timeout"), Some(1.0));
+    assert_eq!(decided(&agent, "strict", "overdue"), Some(1.0));
+    for pod in &pods {
+        kubelet.remove_pod(pod).expect("remove the pod");
+        let e = agent.wait_event(&pod.container_ids[0], "removed", Duration::from_secs(10));
+        let reason = e["reason"].as_str().unwrap_or_default();
+        assert!(reason.starts_with("denied by gate strict:"), "{e}");
+    }
 }

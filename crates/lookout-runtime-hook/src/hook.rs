@@ -65,6 +65,16 @@ pub trait StartBarrier: Send + Sync {
     /// barrier that has already decided costs no task), so neither `wait`
     /// nor a poll may block.
     fn wait(&self, id: &str) -> Option<StartWait>;
+
+    /// [`wait`](Self::wait) for a caller that stops waiting at `until`
+    /// (an NRI plugin answers the runtime by its request deadline). A
+    /// barrier with deadlines of its own should decide by then, so that
+    /// its decision, not the caller's timeout, settles the start. The
+    /// default ignores `until`.
+    fn wait_until(&self, id: &str, until: std::time::Instant) -> Option<StartWait> {
+        let _ = until;
+        self.wait(id)
+    }
 }
 
 /// How the hook runs; built by [`Builder`].
