@@ -122,6 +122,10 @@ pub(crate) async fn report<S: Sink + Send>(
                 ContainerPhase::Start => {
                     let c = container_of(&container, pod.as_ref(), &runtime, Status::Created);
                     let (id, pid) = (c.id.clone(), c.pid);
+                    // The init's pidfd now, while the pid is surely its
+                    // (it waits for its start): a deny kills this process,
+                    // never one that reused the pid meanwhile.
+                    let init = pid.map(|pid| (pid, lookout_runtime_hook::ProcessHandle::open(pid)));
                     sink.emit(ContainerEvent::added(Source::Nri, c));
                     let until = ack
                         .deadline()
@@ -134,7 +138,7 @@ pub(crate) async fn report<S: Sink + Send>(
                         // other containers' starts.
                         let metrics = Arc::clone(&metrics);
                         tokio::spawn(async move {
-                            hold(&id, pid, wait, &ack, &metrics).await;
+                            hold(&id, init, wait, &ack, &metrics).await;
                             ack.release();
                         });
                         continue;
@@ -165,7 +169,7 @@ pub(crate) async fn report<S: Sink + Send>(
 /// plugin's deadline, less the time kept for answering.
 async fn hold(
     id: &str,
-    pid: Option<u32>,
+    init: Option<(u32, std::io::Result<lookout_runtime_hook::ProcessHandle>)>,
     wait: lookout_runtime_hook::StartWait,
     ack: &lookout_nri::Ack,
     metrics: &crate::serve::Metrics,
@@ -175,7 +179,7 @@ async fn hold(
         .saturating_duration_since(Instant::now())
         .saturating_sub(ANSWER_MARGIN);
     match tokio::time::timeout(left, wait).await {
-        Ok(StartDecision::Deny(reason)) => deny(id, pid, &reason),
+        Ok(StartDecision::Deny(reason)) => deny(id, init, &reason),
         Ok(_) => {}
         Err(_) => {
             metrics.nri_late();
@@ -190,18 +194,26 @@ async fn hold(
 }
 
 /// A denied start: NRI v0.6.1 cannot refuse one, so the container's init,
-/// created and waiting for its start, is killed (through a pidfd).
-fn deny(id: &str, pid: Option<u32>, reason: &str) {
+/// created and waiting for its start, is killed (through the pidfd opened
+/// when the start was reported).
+fn deny(
+    id: &str,
+    init: Option<(u32, std::io::Result<lookout_runtime_hook::ProcessHandle>)>,
+    reason: &str,
+) {
     tracing::info!(
         id,
         reason,
         "start denied (NRI): killing the container's init"
     );
-    match pid {
-        Some(pid) => {
-            if let Err(e) = lookout_runtime_hook::kill_process(pid) {
+    match init {
+        Some((pid, Ok(init))) => {
+            if let Err(e) = init.kill() {
                 tracing::warn!(id, pid, error = %e, "could not kill a denied container's init");
             }
+        }
+        Some((pid, Err(e))) => {
+            tracing::warn!(id, pid, error = %e, "a denied container's init was gone when reported");
         }
         None => tracing::warn!(id, "a denied container has no pid to kill"),
     }

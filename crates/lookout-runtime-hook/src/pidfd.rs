@@ -57,24 +57,41 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-/// Sends SIGKILL to process `pid` through a pidfd, so that a pid recycled
-/// meanwhile is never hit (the open fails or names the old process).
-pub fn kill(pid: u32) -> std::io::Result<()> {
-    let fd = pidfd_open(pid)?;
-    // SAFETY: pidfd_send_signal takes an fd, a signal, a null siginfo and
-    // flags; the fd is open for the duration of the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+/// A process held by a pidfd: a signal sent through it reaches the
+/// process it was opened for, or nobody, never one that reused its pid.
+/// Open it while the pid is known to be right (when it was reported).
+#[derive(Debug)]
+pub struct ProcessHandle(OwnedFd);
+
+impl ProcessHandle {
+    /// `pidfd_open(pid)`: fails with `ESRCH` if `pid` is gone.
+    pub fn open(pid: u32) -> std::io::Result<ProcessHandle> {
+        pidfd_open(pid).map(ProcessHandle)
     }
+
+    /// Sends SIGKILL; `ESRCH` once the process has exited.
+    pub fn kill(&self) -> std::io::Result<()> {
+        // SAFETY: pidfd_send_signal takes an fd, a signal, a null siginfo
+        // and flags; the fd is open for the duration of the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// Sends SIGKILL to process `pid` through a pidfd, so that a pid recycled
+/// after the open is never hit (the open fails or names the old process).
+pub fn kill(pid: u32) -> std::io::Result<()> {
+    ProcessHandle::open(pid)?.kill()
 }
