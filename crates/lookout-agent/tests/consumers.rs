@@ -433,9 +433,13 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
         .map(|i| format!("{}-{i}", id("watch")))
         .collect();
     let socket = agent.socket().to_path_buf();
+    // Each watcher says when it is watching: the containers come after
+    // every one listed (one listed after the first containers would see
+    // those as listed, not added).
+    let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
     let watchers: Vec<_> = (0..100)
         .map(|_| {
-            let (socket, ids) = (socket.clone(), ids.clone());
+            let (socket, ids, ready_tx) = (socket.clone(), ids.clone(), ready_tx.clone());
             tokio.spawn(async move {
                 let mut c = connect(&socket).await;
                 let (rev, _) = {
@@ -451,6 +455,7 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
                     .await
                     .expect("watch")
                     .into_inner();
+                let _ = ready_tx.send(());
                 collect(&mut s, &ids, 2 * CONTAINERS).await
             })
         })
@@ -466,6 +471,11 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
         .expect("watch")
         .into_inner()
     });
+    for _ in 0..100 {
+        ready
+            .recv_timeout(Duration::from_secs(60))
+            .expect("every watcher lists and watches within 60 s");
+    }
     // Containers from 4 threads at once.
     let ids_v: Vec<String> = ids.iter().cloned().collect();
     std::thread::scope(|scope| {
