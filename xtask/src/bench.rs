@@ -307,8 +307,11 @@ fn drop_page_cache(path: &Path) -> anyhow::Result<()> {
 
 fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("rootfs/bin"))?;
-    std::fs::copy("/bin/busybox", dir.join("rootfs/bin/busybox"))
-        .context("busybox-static needed")?;
+    lookout_testsupport::install_executable(
+        Path::new("/bin/busybox"),
+        &dir.join("rootfs/bin/busybox"),
+    )
+    .context("busybox-static needed")?;
     for a in ["sh", "sleep", "true"] {
         let _ = std::os::unix::fs::symlink("busybox", dir.join("rootfs/bin").join(a));
     }
@@ -489,8 +492,8 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     std::fs::create_dir_all(work.join("none"))?;
     let floor_noop = work.join("floor/noop");
     let none_noop = work.join("none/noop");
-    std::fs::copy(&fake, &floor_noop)?;
-    std::fs::copy(&fake, &none_noop)?;
+    lookout_testsupport::install_executable(&fake, &floor_noop)?;
+    lookout_testsupport::install_executable(&fake, &none_noop)?;
     say(
         "bench",
         &format!(

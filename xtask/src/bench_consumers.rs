@@ -57,7 +57,7 @@ impl Watched {
             .context("runc is not installed")?;
         // Named like the original: the agent tells runtimes apart by name.
         let runc = dir.join("runc");
-        std::fs::copy(&system, &runc)
+        lookout_testsupport::install_executable(&system, &runc)
             .with_context(|| format!("copying {} to {}", system.display(), runc.display()))?;
         let socket = dir.join("lookout.sock");
         let (agent, _) = Agent::start(

@@ -54,7 +54,10 @@ pub fn outside(_: &Options) -> anyhow::Result<()> {
          k8s_openapi::k8s_if_1_33! { println!(\"1.33\"); }\n}\n",
     )?;
     // The same resolution as the workspace (offline: no new downloads).
-    std::fs::copy(root.join("Cargo.lock"), informer.join("Cargo.lock"))?;
+    std::fs::write(
+        informer.join("Cargo.lock"),
+        std::fs::read(root.join("Cargo.lock"))?,
+    )?;
     exec(
         "outside",
         cargo()
@@ -88,7 +91,10 @@ pub fn outside(_: &Options) -> anyhow::Result<()> {
         ),
         "fn main() {\n    let _ = lookout_probe::ProbeOptions::default();\n}\n",
     )?;
-    std::fs::copy(root.join("Cargo.lock"), probe.join("Cargo.lock"))?;
+    std::fs::write(
+        probe.join("Cargo.lock"),
+        std::fs::read(root.join("Cargo.lock"))?,
+    )?;
     let tree = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .current_dir(&probe)
         .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])

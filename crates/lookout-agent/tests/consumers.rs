@@ -172,7 +172,7 @@ fn a_gate_answers_before_the_containers_first_instruction() {
     let b = d.join("bundle");
     bundle::busybox(&b, &["/stamp", "/stamp.out"], |_| {});
     let stamp = bundle::monotonic_stamp(d);
-    std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
+    lookout_testsupport::install_executable(&stamp, &b.join("rootfs/stamp")).expect("copy stamp");
     let agent = Agent::start(&rt, &[]);
     let tokio = runtime();
     let mut s = subscribe(
@@ -685,16 +685,7 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
     // This test binary, readable by the user, run as them for one test.
     let exe = std::env::current_exe().expect("current exe");
     let copy = dir.path().join("peer");
-    // With cp: a file this (multi-threaded) process had open for writing
-    // could be inherited by another test's child between its fork and
-    // exec, and exec'ing it would fail with ETXTBSY.
-    let cp = std::process::Command::new("cp")
-        .arg(&exe)
-        .arg(&copy)
-        .status()
-        .expect("cp");
-    assert!(cp.success());
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    lookout_testsupport::install_executable(&exe, &copy).expect("copy the test binary");
     let mut cmd = std::process::Command::new(&copy);
     cmd.args(["--exact", "peer_as_unprivileged_user", "--nocapture"])
         .env("LOOKOUT_TEST_PEER_SOCKET", &socket);

@@ -55,7 +55,7 @@ fn a_prestart_hook_gets_the_created_state_and_finishes_before_the_first_instruct
         c["annotations"] = serde_json::json!({"com.example/team": "blue"});
     });
     let stamp = bundle::monotonic_stamp(d);
-    std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
+    lookout_testsupport::install_executable(&stamp, &b.join("rootfs/stamp")).expect("copy stamp");
     // The hook is slow on purpose: `start` must wait for it.
     // Other tests' containers run meanwhile: name the files by the id in
     // the State.

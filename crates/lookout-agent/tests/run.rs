@@ -26,7 +26,7 @@ fn runc_create_start_is_reported_before_the_first_instruction() {
         c["annotations"] = serde_json::json!({"io.kubernetes.cri.container-name": "web"});
     });
     let stamp = bundle::monotonic_stamp(dir.path());
-    std::fs::copy(&stamp, b.join("rootfs/stamp")).expect("copy stamp");
+    lookout_testsupport::install_executable(&stamp, &b.join("rootfs/stamp")).expect("copy stamp");
 
     let agent = Agent::start(&rt, &[]);
     let id = id("create-start");
@@ -729,7 +729,7 @@ fn runtime_binaries_installed_later_are_watched() {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("runc installed");
-    std::fs::copy(runc, &late).expect("copy runc");
+    lookout_testsupport::install_executable(Path::new(runc), &late).expect("copy runc");
     agent.wait_log(&format!("binary={late_s}"), Duration::from_secs(5));
     let b = bundle::busybox(&dir.path().join("b"), &["sleep", "1"], |_| {});
     let id = id("late");

@@ -1,7 +1,6 @@
 //! fanotify against the real kernel: exec permission events on a marked
 //! binary, answered, denied, dropped and abandoned. Needs root.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,8 +11,7 @@ use lookout_testsupport::require_root;
 /// A private copy of `true`, so marking it affects nobody else.
 fn binary(dir: &Path) -> PathBuf {
     let path = dir.join("marked-true");
-    std::fs::copy("/bin/true", &path).expect("copy /bin/true");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    lookout_testsupport::install_executable(Path::new("/bin/true"), &path).expect("copy /bin/true");
     path
 }
 

@@ -231,7 +231,7 @@ impl CriNode {
         std::fs::create_dir_all(&path_dir)?;
         // The node's own runc (its own inode: see the module's docs).
         let runc = path_dir.join("runc");
-        std::fs::copy(&system_runc, &runc)?;
+        crate::install_executable(&system_runc, &runc)?;
         let runc_root = d.join("runc");
         let socket = d.join("containerd.sock");
         let nri_socket = d.join("nri.sock");

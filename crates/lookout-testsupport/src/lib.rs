@@ -10,6 +10,9 @@
 //! - [`apiserver::ApiServer`]: a Kubernetes API server speaking the Pod
 //!   list/watch protocol over real HTTP, recording posted Events, and
 //!   [`apiserver::PodJson`] for pods shaped like a real cluster's.
+//! - [`install_executable`]: copy a program that a test will run without
+//!   this multi-threaded process ever holding it open for writing (the
+//!   `ETXTBSY` race).
 //! - [`cri::CriNode`]: a real CRI node (containerd 1.7 with NRI, on private
 //!   sockets) and a kubelet-like CRI client.
 #![deny(missing_docs)]
@@ -19,6 +22,7 @@ pub mod cri;
 
 use std::io;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Command;
 
 /// Whether we run under CI (`CI` set to anything but `false`/`0`/empty).
@@ -89,6 +93,43 @@ pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(program))
         .find(|p| p.is_file())
+}
+
+/// Copies the executable `src` to `dest` (mode 0755, a new inode) **in a
+/// child process**, so that no descriptor open for writing on `dest` ever
+/// exists in this process.
+///
+/// Every test that writes a program and then runs it (a private runtime
+/// copy, a busybox in a root file system, a stamp binary) must use this
+/// instead of [`std::fs::copy`] (which clippy refuses in this workspace;
+/// see `clippy.toml`). The reason is a race of multi-threaded processes:
+/// while `std::fs::copy` holds `dest` open for writing, another test
+/// thread may fork; the child inherits that descriptor and keeps it until
+/// it execs (`O_CLOEXEC` closes it only then), and meanwhile the kernel
+/// refuses to execute `dest` with `ETXTBSY` ("Text file busy"). Here the
+/// descriptor lives in `install(1)`, a separate process that has exited
+/// when this returns, so no fork of ours can inherit it. (A hard link
+/// would not do: the runtime copies exist to have their own inode, which
+/// their own fanotify marks watch.)
+///
+/// `dest` is replaced if it exists (GNU install unlinks it first).
+pub fn install_executable(src: &Path, dest: &Path) -> io::Result<()> {
+    let out = Command::new("install")
+        .args(["-m", "0755", "-T", "--"])
+        .arg(src)
+        .arg(dest)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "install {} {}: {}: {}",
+            src.display(),
+            dest.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 /// An unprivileged user on this machine, for tests that play an attacker.
@@ -311,7 +352,8 @@ pub mod bundle {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .expect("busybox-static is installed");
-        std::fs::copy(busybox, rootfs.join("bin/busybox")).expect("copy busybox");
+        crate::install_executable(Path::new(busybox), &rootfs.join("bin/busybox"))
+            .expect("copy busybox");
         for a in APPLETS {
             let _ = std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(a));
         }

@@ -289,7 +289,7 @@ impl Runtime {
         let dir = tempfile::tempdir().expect("tempdir");
         let name = original.file_name().expect("a file name");
         let path = dir.path().join(name);
-        std::fs::copy(original, &path)
+        lookout_testsupport::install_executable(original, &path)
             .unwrap_or_else(|e| panic!("copy {} to {}: {e}", original.display(), path.display()));
         Runtime { path, _dir: dir }
     }
