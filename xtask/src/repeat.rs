@@ -7,7 +7,15 @@
 //! directory as the working directory, tests in parallel), and the outcome
 //! of every test in every round is tallied from libtest's `test NAME ...
 //! ok|FAILED` lines. The whole output of a binary that failed is kept under
-//! `target/test-repeat/` for the post-mortem.
+//! `target/test-repeat/` for the post-mortem, and the tally is written to
+//! `target/test-repeat/summary.json`.
+//!
+//! Rounds on a warm tree miss what fails only on a first run: a test
+//! binary run for the first time, a cold page cache, a target directory
+//! being filled (issue #23: a runtime copy refused with `ETXTBSY` on a
+//! fresh clone, never in five warm rounds). `--fresh` makes every round a
+//! first run: a new clone of HEAD, its own empty target directory, the
+//! page cache dropped, then the whole test command inside it.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -16,8 +24,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use serde_json::json;
 
-use crate::util::{cargo, say, workspace_root};
+use crate::util::{cargo, output, say, workspace_root};
 
 /// One test executable that `cargo test` would run.
 #[derive(Debug, Clone)]
@@ -30,7 +39,7 @@ struct TestBinary {
 }
 
 /// What happened to one test over all rounds.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Tally {
     passed: u32,
     failed: u32,
@@ -187,7 +196,221 @@ pub fn repeat(
             ),
         );
     }
+    write_summary(&logs.join("summary.json"), &tally, rounds)?;
     report(&tally, rounds, started.elapsed())
+}
+
+/// Writes the tally as JSON, for `--fresh`'s outer run (and for scripts).
+fn write_summary(path: &Path, tally: &BTreeMap<String, Tally>, rounds: u32) -> anyhow::Result<()> {
+    let tests: serde_json::Map<String, serde_json::Value> = tally
+        .iter()
+        .map(|(name, t)| {
+            let failures: Vec<_> = t
+                .failures
+                .iter()
+                .map(|(round, log)| json!({"round": round, "log": log}))
+                .collect();
+            let v = json!({"passed": t.passed, "failed": t.failed, "ignored": t.ignored,
+                           "failures": failures});
+            (name.clone(), v)
+        })
+        .collect();
+    let text = serde_json::to_vec_pretty(&json!({"rounds": rounds, "tests": tests}))?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads a summary that [`write_summary`] wrote.
+fn read_summary(path: &Path) -> anyhow::Result<BTreeMap<String, Tally>> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let tests = v["tests"].as_object().context("no \"tests\" object")?;
+    let number = |v: &serde_json::Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    let mut tally = BTreeMap::new();
+    for (name, t) in tests {
+        let failures = t["failures"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| {
+                let log = PathBuf::from(x["log"].as_str().unwrap_or_default());
+                (number(&x["round"]).unwrap_or(0), log)
+            })
+            .collect();
+        let tally_of = Tally {
+            passed: number(&t["passed"]).unwrap_or(0),
+            failed: number(&t["failed"]).unwrap_or(0),
+            ignored: number(&t["ignored"]).unwrap_or(0),
+            failures,
+        };
+        tally.insert(name.clone(), tally_of);
+    }
+    Ok(tally)
+}
+
+/// `--repeat N --fresh`: N first runs, one after another. Each round clones
+/// HEAD into a new directory (so its target directory starts empty), drops
+/// the page cache (as root), and runs `cargo xtask test --repeat 1` there
+/// with the same packages, filter and cargo arguments: the README's
+/// command (packages, BPF, image, every test binary once), with a tally.
+/// Machine-wide caches stay: Debian's packages, cargo's registry,
+/// bpf-linker and the fetched Debian 13 packages (`~/.cache/lookout`).
+pub fn fresh(rounds: u32, opts: &crate::test::Options) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let git = |args: &[&str]| output(Command::new("git").current_dir(&root).args(args));
+    let head = git(&["rev-parse", "HEAD"])
+        .context("git rev-parse HEAD: --fresh clones the repository, it needs git")?
+        .trim()
+        .to_owned();
+    if git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.trim().is_empty())
+    {
+        say(
+            "test --fresh",
+            "the work tree has uncommitted changes: the clones test HEAD only (commit first)",
+        );
+    }
+    let logs = root.join("target/test-repeat");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut tally: BTreeMap<String, Tally> = BTreeMap::new();
+    let started = Instant::now();
+    for round in 1..=rounds {
+        let t = Instant::now();
+        let clone =
+            std::env::temp_dir().join(format!("lookout-fresh-{}-{round}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&clone);
+        crate::util::exec(
+            "test --fresh",
+            Command::new("git")
+                .args(["clone", "--quiet", "--no-checkout"])
+                .arg(&root)
+                .arg(&clone),
+            "check that the repository can be cloned",
+        )?;
+        crate::util::exec(
+            "test --fresh",
+            Command::new("git")
+                .current_dir(&clone)
+                .args(["checkout", "--quiet", "--detach", &head]),
+            "check the clone",
+        )?;
+        drop_page_cache();
+        let log = logs.join(format!("fresh-round-{round}.log"));
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(&clone)
+            .env_remove("CARGO_TARGET_DIR")
+            .args(["xtask", "test", "--repeat", "1"]);
+        if opts.no_install {
+            cmd.arg("--no-install");
+        }
+        for p in &opts.packages {
+            cmd.args(["-p", p]);
+        }
+        if let Some(f) = &opts.filter {
+            cmd.arg(f);
+        }
+        if !opts.cargo_args.is_empty() {
+            cmd.arg("--").args(&opts.cargo_args);
+        }
+        say(
+            "test --fresh",
+            &format!(
+                "round {round}/{rounds}: {} at {head:.12}, a first run (log: {})",
+                clone.display(),
+                log.display()
+            ),
+        );
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().context("log file")?)
+            .stderr(file)
+            .status()
+            .context("starting cargo xtask test in the clone")?;
+        let (passed, failed) = merge_round(&mut tally, round, &clone, &logs, &log, status);
+        // A round's target directory is several GB: never keep it.
+        if let Err(e) = std::fs::remove_dir_all(&clone) {
+            say(
+                "test --fresh",
+                &format!("could not remove {}: {e}", clone.display()),
+            );
+        }
+        say(
+            "test --fresh",
+            &format!(
+                "round {round}/{rounds}: {passed} passed, {failed} failed ({})",
+                secs(t.elapsed())
+            ),
+        );
+    }
+    write_summary(&logs.join("summary.json"), &tally, rounds)?;
+    report(&tally, rounds, started.elapsed())
+}
+
+/// Adds one fresh round's tally (the clone's summary.json) to `tally`,
+/// keeping the failing binaries' logs outside the clone. A round that
+/// ended without a tally (an install, the BPF or image build, a compile
+/// error) or failed otherwise counts as one failure under its own name.
+/// Returns the round's (passed, failed).
+fn merge_round(
+    tally: &mut BTreeMap<String, Tally>,
+    round: u32,
+    clone: &Path,
+    logs: &Path,
+    log: &Path,
+    status: std::process::ExitStatus,
+) -> (u32, u32) {
+    let (mut passed, mut failed) = (0u32, 0u32);
+    match read_summary(&clone.join("target/test-repeat/summary.json")) {
+        Ok(round_tally) => {
+            for (name, t) in round_tally {
+                let entry = tally.entry(name).or_default();
+                entry.passed += t.passed;
+                entry.ignored += t.ignored;
+                entry.failed += t.failed;
+                passed += t.passed;
+                failed += t.failed;
+                for (_, inner) in t.failures {
+                    let file = inner
+                        .file_name()
+                        .map_or_else(|| "binary.log".into(), |n| n.to_string_lossy().into_owned());
+                    let kept = logs.join(format!("fresh-round-{round}-{file}"));
+                    let _ = std::fs::write(&kept, std::fs::read(&inner).unwrap_or_default());
+                    entry.failures.push((round, kept));
+                }
+            }
+        }
+        Err(e) => {
+            let entry = tally
+                .entry(format!("(round without a tally: {e:#})"))
+                .or_default();
+            entry.failed += 1;
+            entry.failures.push((round, log.to_path_buf()));
+            failed += 1;
+        }
+    }
+    if !status.success() && failed == 0 {
+        let entry = tally
+            .entry(format!("(round: cargo xtask test {status})"))
+            .or_default();
+        entry.failed += 1;
+        entry.failures.push((round, log.to_path_buf()));
+        failed += 1;
+    }
+    (passed, failed)
+}
+
+/// Drops the page cache, as on a machine that just booted (root only).
+fn drop_page_cache() {
+    // SAFETY: sync() has no preconditions; it only flushes dirty pages.
+    unsafe { libc::sync() };
+    match std::fs::write("/proc/sys/vm/drop_caches", "3") {
+        Ok(()) => say("test --fresh", "dropped the page cache"),
+        Err(e) => say(
+            "test --fresh",
+            &format!("page cache kept (drop_caches: {e}); run as root for a cold cache"),
+        ),
+    }
 }
 
 fn secs(d: Duration) -> String {

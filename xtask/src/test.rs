@@ -33,11 +33,17 @@ pub struct Options {
     /// least once (logs under target/test-repeat/).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: Option<u32>,
-    /// With --repeat: only this package's tests. Repeatable.
-    #[arg(long = "package", short = 'p', value_name = "PKG", requires = "repeat")]
+    /// With --repeat: every round is a first run, as on a new machine: a
+    /// fresh clone of HEAD with its own, empty target directory, the page
+    /// cache dropped (as root), then this command without --repeat in it.
+    /// Catches what only fails the first time (ETXTBSY, cold caches).
+    #[arg(long, requires = "repeat")]
+    pub fresh: bool,
+    /// Only this package's tests (all of the workspace's without). Repeatable.
+    #[arg(long = "package", short = 'p', value_name = "PKG")]
     pub packages: Vec<String>,
-    /// With --repeat: only tests whose name contains FILTER.
-    #[arg(value_name = "FILTER", requires = "repeat")]
+    /// Only tests whose name contains FILTER.
+    #[arg(value_name = "FILTER")]
     pub filter: Option<String>,
     /// Extra arguments for `cargo test`, after `--`.
     #[arg(last = true)]
@@ -45,6 +51,10 @@ pub struct Options {
 }
 
 pub fn test(opts: &Options) -> anyhow::Result<()> {
+    if let Some(rounds) = opts.repeat.filter(|_| opts.fresh) {
+        // Each round installs, builds and tests in its own clone.
+        return crate::repeat::fresh(rounds, opts);
+    }
     let root = is_root();
     if root && !opts.no_install {
         install_packages()?;
@@ -73,8 +83,17 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
         );
     }
     let mut cmd = cargo();
-    cmd.args(["test", "-j2", "--workspace"])
-        .args(&opts.cargo_args);
+    cmd.args(["test", "-j2"]);
+    if opts.packages.is_empty() {
+        cmd.arg("--workspace");
+    }
+    for p in &opts.packages {
+        cmd.args(["-p", p]);
+    }
+    cmd.args(&opts.cargo_args);
+    if let Some(f) = &opts.filter {
+        cmd.arg(f);
+    }
     exec("test", &mut cmd, "see the failing test above")
 }
 
