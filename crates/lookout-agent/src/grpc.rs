@@ -437,15 +437,71 @@ pub fn unbind(path: &Path, bound: Option<(u64, u64)>) {
     }
 }
 
+/// The consumer socket's `grpc.health.v1.Health` statuses: the overall
+/// service (`""`) and `lookout.v1.Lookout` are NOT_SERVING until the agent
+/// is ready, SERVING while it runs, and NOT_SERVING from the moment it
+/// starts to shut down.
+pub struct Health(tonic_health::server::HealthReporter);
+
+impl Health {
+    /// SERVING or NOT_SERVING, both statuses, applied when this returns (so
+    /// a consumer that saw the agent ready sees SERVING). It waits only for
+    /// the reporter's lock, which the health service holds for a map lookup.
+    pub fn set(&self, serving: bool) {
+        use tonic_health::ServingStatus;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        futures::executor::block_on(async {
+            for name in ["", LOOKOUT_SERVICE] {
+                self.0.set_service_status(name, status).await;
+            }
+        });
+    }
+}
+
+/// `lookout.v1.Lookout`.
+const LOOKOUT_SERVICE: &str = <LookoutServer<Service> as tonic::server::NamedService>::NAME;
+
+/// Reflection for `lookout.v1` and `grpc.health.v1`, in the v1 and the
+/// older v1alpha protocol (grpcurl and evans try v1 first, grpcui and older
+/// tools ask for v1alpha).
+fn reflection() -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(lookout_api::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = builder().build_v1().context("reflection (v1)")?;
+    let v1alpha = builder().build_v1alpha().context("reflection (v1alpha)")?;
+    Ok((v1, v1alpha))
+}
+
 /// Serves the API on `listener` (a std listener, registered on the
-/// server's own runtime) from a thread of its own.
+/// server's own runtime) from a thread of its own. The health statuses
+/// start NOT_SERVING; the caller sets them with the returned [`Health`].
 pub fn spawn(
     listener: std::os::unix::net::UnixListener,
     path: PathBuf,
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Health> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    // Before the first connection is served: NOT_SERVING (the reporter
+    // starts with "" SERVING) until the agent says it is ready.
+    let health = Health(reporter);
+    health.set(false);
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
     crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
         let listener = match tokio::net::UnixListener::from_std(listener) {
             Ok(l) => l,
@@ -454,7 +510,12 @@ pub fn spawn(
                 return;
             }
         };
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        // Below h2: the `:authority` that Python and Java clients send on
+        // a Unix socket, which h2 refuses, becomes `localhost`.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            |conn| conn.map(lookout_api::unix::AuthorityFix::new),
+        );
         let svc = Service {
             hub,
             auth,
@@ -464,6 +525,9 @@ pub fn spawn(
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(LookoutServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
             .serve_with_incoming(incoming)
             .await
         {
@@ -471,7 +535,7 @@ pub fn spawn(
         }
     })
     .context("spawning the consumer API thread")?;
-    Ok(())
+    Ok(health)
 }
 
 #[cfg(test)]

@@ -192,10 +192,14 @@ async fn run_async(
     let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone());
     let hub = Hub::new(hub_config(&args), metrics.hub());
     let mut bound = None;
+    let mut health = None;
     if !args.no_socket {
         // The API is a consumer like any other: without it discovery goes on.
         match serve_api(&args, std::sync::Arc::clone(&hub)) {
-            Ok(id) => bound = Some(id),
+            Ok((id, h)) => {
+                bound = Some(id);
+                health = Some(h);
+            }
             Err(e) => tracing::error!("consumer API not served: {e:#}"),
         }
     }
@@ -268,6 +272,17 @@ async fn run_async(
     let ready = || {
         set_ready(&shared, body);
         control.ready(&hub);
+        if let Some(h) = &health {
+            h.set(true);
+        }
+    };
+    // NOT_SERVING from the moment the shutdown begins.
+    let stopped = control.stopped();
+    let stopped = async {
+        stopped.await;
+        if let Some(h) = &health {
+            h.set(false);
+        }
     };
     let discovery = Discovery {
         args: &args,
@@ -275,9 +290,7 @@ async fn run_async(
         metrics: &metrics,
         nri_barrier,
     };
-    discovery
-        .run(backends, stdout, ready, control.stopped())
-        .await;
+    discovery.run(backends, stdout, ready, stopped).await;
     Ok(())
 }
 
@@ -490,8 +503,11 @@ impl Drop for Unbind {
 }
 
 /// Binds the consumer socket and serves it on its own thread; returns the
-/// socket's device and inode.
-fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u64)> {
+/// socket's device and inode, and its health statuses.
+fn serve_api(
+    args: &RunArgs,
+    hub: std::sync::Arc<Hub>,
+) -> anyhow::Result<((u64, u64), crate::grpc::Health)> {
     let group = match &args.socket_group {
         None => None,
         Some(g) => Some(match g.parse::<u32>() {
@@ -510,7 +526,7 @@ fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u
             .with_context(|| format!("stat {}", args.socket.display()))?;
         (m.dev(), m.ino())
     };
-    crate::grpc::spawn(
+    let health = crate::grpc::spawn(
         listener,
         args.socket.clone(),
         hub,
@@ -520,7 +536,7 @@ fn serve_api(args: &RunArgs, hub: std::sync::Arc<Hub>) -> anyhow::Result<(u64, u
         },
         args.gate_deadline.min(args.gate_max_deadline),
     )?;
-    Ok(id)
+    Ok((id, health))
 }
 
 fn set_ready(shared: &crate::serve::Endpoints, body: String) {
