@@ -22,6 +22,18 @@ pub const PACKAGES: &[&str] = &[
     "binutils",
     // gVisor (release 20221219); Debian 13's release is fetched beside it.
     "runsc",
+    // The venv of Python gRPC clients (tests/clients.rs).
+    "python3-venv",
+    // The Go consumer (clients/go), built offline with Debian's Go and
+    // grpc-go, and its generated code checked against the proto.
+    "golang-go",
+    "golang-google-grpc-dev",
+    // grpc-go 1.33 takes either; the generated code (APIv2) needs 1.5.
+    "golang-github-golang-protobuf-1-5-dev",
+    "golang-google-protobuf-dev",
+    "protobuf-compiler",
+    "protoc-gen-go",
+    "protoc-gen-go-grpc",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -74,6 +86,7 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
         fetch_next_debian_runsc()?;
         fetch_containerd17()?;
     }
+    python_clients()?;
     if let Some(rounds) = opts.repeat {
         return crate::repeat::repeat(
             rounds,
@@ -129,6 +142,47 @@ fn install_packages() -> anyhow::Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
         "install the packages above by hand and rerun",
     )
+}
+
+/// The Python gRPC clients the consumer tests use, from PyPI, pinned.
+/// `h2` sends the raw-path `:authority` that grpc-java sends.
+const PYTHON_CLIENTS: &[&str] = &[
+    "grpcio==1.85.3",
+    "grpcio-tools==1.85.1",
+    "grpcio-health-checking==1.85.1",
+    "grpcio-reflection==1.85.1",
+    "h2==4.4.1",
+];
+
+/// Creates `<cache>/python-clients`, a venv with [`PYTHON_CLIENTS`]
+/// (cached: nothing is done when it has them). `tests/clients.rs` runs
+/// `clients/python/lookout_consumer.py` with its python.
+fn python_clients() -> anyhow::Result<()> {
+    let venv = crate::build_ebpf::cache_dir().join("python-clients");
+    let marker = venv.join("lookout-packages.txt");
+    let want = PYTHON_CLIENTS.join("\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|have| have == want) {
+        return Ok(());
+    }
+    say(
+        "test",
+        "creating a venv of Python gRPC clients (grpcio, from PyPI)",
+    );
+    let _ = std::fs::remove_dir_all(&venv);
+    exec(
+        "python venv",
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        "install python3 and python3-venv",
+    )?;
+    exec(
+        "pip install",
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(PYTHON_CLIENTS),
+        "check the network access to PyPI",
+    )?;
+    std::fs::write(&marker, want)?;
+    Ok(())
 }
 
 /// Where Debian 13's runsc is extracted (tests/runsc.rs runs both

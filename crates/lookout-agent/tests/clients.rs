@@ -1,0 +1,420 @@
+//! The consumer API with clients that no one here wrote, each with its
+//! default options: Python's grpcio (grpc C-core, which sends the socket's
+//! path, percent-encoded, as `:authority`) through the repository's own
+//! example `clients/python/lookout_consumer.py`, and a raw-path
+//! `:authority` as grpc-java sends it. The Python packages come from PyPI,
+//! in a venv that `cargo xtask test` creates (`LOOKOUT_PYTHON` overrides).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lookout_testsupport::{bundle, skip};
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// The venv's python, with grpcio, grpcio-tools, grpcio-health-checking,
+/// grpcio-reflection and h2; `None` (loudly skipped, a failure in CI)
+/// when absent.
+fn python(test: &str) -> Option<PathBuf> {
+    let p = std::env::var_os("LOOKOUT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| lookout_testsupport::cache_dir().join("python-clients/bin/python3"));
+    if p.is_file() {
+        Some(p)
+    } else {
+        skip(
+            test,
+            &format!(
+                "{} is missing: `sudo -E cargo xtask test` creates the venv of Python gRPC clients",
+                p.display()
+            ),
+        );
+        None
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `lookout_consumer.py --socket SOCKET ARGS`.
+fn consumer(python: &Path, socket: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg(repo().join("clients/python/lookout_consumer.py"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs a consumer command to its end and returns its JSON lines.
+fn lines_of(mut cmd: Command) -> Vec<Value> {
+    let out = cmd.output().expect("run lookout_consumer.py");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// A running consumer whose JSON lines arrive on a channel.
+struct Running {
+    child: KillOnDrop,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Running {
+    fn start(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn lookout_consumer.py");
+        let stdout: ChildStdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Running {
+            child: KillOnDrop(child),
+            lines,
+        }
+    }
+
+    /// Waits for a line that `want` accepts.
+    fn wait(&self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(v) if want(&v) => return v,
+                Ok(_) => {}
+                Err(_) => panic!("no {what} from the Python consumer within 30 s"),
+            }
+        }
+    }
+
+    /// Waits for the process to end successfully; returns the lines not
+    /// waited for.
+    fn finish(mut self) -> Vec<Value> {
+        let child: &mut Child = &mut self.child.0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                assert!(
+                    status.success(),
+                    "the Python consumer failed ({status}): {err}"
+                );
+                // The reader ends at the pipe's end.
+                return self.lines.iter().collect();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Python consumer did not end within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn python_grpcio_with_default_options_lists_watches_gates_checks_health_and_reflects() {
+    if !ready("python_grpcio") {
+        return;
+    }
+    let Some(py) = python("python_grpcio") else {
+        return;
+    };
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let agent = Agent::start(&rt, &[]);
+    let socket = agent.socket();
+
+    // Health: SERVING once the agent is ready, both names.
+    let health = lines_of(consumer(&py, socket, &["health"]));
+    let status = |s: &str| {
+        health
+            .iter()
+            .find(|l| l["service"] == s)
+            .map(|l| l["status"].clone())
+    };
+    assert_eq!(status(""), Some("SERVING".into()), "{health:?}");
+    assert_eq!(
+        status("lookout.v1.Lookout"),
+        Some("SERVING".into()),
+        "{health:?}"
+    );
+
+    // Reflection (v1alpha, what grpcio-reflection speaks): the services,
+    // and a method resolved through it alone.
+    let refl = lines_of(consumer(&py, socket, &["services"]));
+    let services = refl[0]["services"].as_array().expect("services").clone();
+    for s in [
+        "lookout.v1.Lookout",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(services.iter().any(|v| v == s), "{s} not in {services:?}");
+    }
+    assert_eq!(
+        refl[1]["methods"],
+        serde_json::json!(["List", "Watch", "Gate"])
+    );
+    // The same listing through reflection v1.
+    let out = Command::new(&py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/reflection_v1.py"))
+        .arg(socket)
+        .output()
+        .expect("run reflection_v1.py");
+    let v1 = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{v1}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for s in [
+        "lookout.v1.Lookout",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+    ] {
+        assert!(
+            v1.lines().any(|l| l == s),
+            "{s} not listed by reflection v1: {v1}"
+        );
+    }
+
+    // List: a created container is there.
+    let b = d.join("b");
+    bundle::busybox(&b, &["touch", "/ran"], |_| {});
+    let listed = id("py-list");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &listed]);
+    agent.wait_event(&listed, "added", Duration::from_secs(10));
+    let list = lines_of(consumer(&py, socket, &["list"]));
+    assert!(
+        list.iter().any(|l| l["container"]["id"] == listed.as_str()),
+        "{listed} not listed: {list:?}"
+    );
+    rt.cleanup(&listed);
+
+    // Watch: a container created after the snapshot arrives.
+    let watched = id("py-watch");
+    let watch = Running::start(consumer(&py, socket, &["watch", "--until", &watched]));
+    watch.wait("SNAPSHOT_END", |l| l["event"] == "SNAPSHOT_END");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &watched]);
+    let added = watch.wait("ADDED", |l| {
+        l["event"] == "ADDED" && l["container"]["id"] == watched.as_str()
+    });
+    assert!(
+        added["container"]["pid"].as_u64().unwrap_or(0) > 1,
+        "{added}"
+    );
+    watch.finish();
+    rt.cleanup(&watched);
+
+    // Gate: one allowed start, one denied that never runs.
+    let (allowed, denied) = (id("py-allow"), id("py-deny"));
+    let ba = d.join("allowed");
+    let bd = d.join("denied");
+    bundle::busybox(&ba, &["touch", "/ran"], |_| {});
+    bundle::busybox(&bd, &["touch", "/ran"], |_| {});
+    let gate = Running::start(consumer(
+        &py,
+        socket,
+        &[
+            "gate",
+            "--runtime",
+            "runc",
+            "--deny",
+            &denied,
+            "--holds",
+            "2",
+            "--deadline-ms",
+            "10000",
+        ],
+    ));
+    gate.wait("subscribed", |l| l.get("subscribed").is_some());
+    for (id, b) in [(&allowed, &ba), (&denied, &bd)] {
+        rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), id]);
+    }
+    let start = |id: &str| {
+        Command::new(&rt.path)
+            .args(["start", id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let allowed_ran = start(&allowed);
+    let denied_ran = start(&denied);
+    let holds = gate.finish();
+    assert!(allowed_ran, "the allowed start is refused: {holds:?}");
+    assert!(!denied_ran, "the denied start ran: {holds:?}");
+    agent.wait_event(&allowed, "removed", Duration::from_secs(10));
+    let removed = agent.wait_event(&denied, "removed", Duration::from_secs(10));
+    assert_eq!(
+        removed["reason"], "denied by gate python-example: denied by lookout_consumer.py",
+        "{removed}"
+    );
+    assert!(ba.join("rootfs/ran").exists(), "the allowed container ran");
+    assert!(
+        !bd.join("rootfs/ran").exists(),
+        "the denied container ran its first instruction"
+    );
+    rt.cleanup(&allowed);
+    rt.cleanup(&denied);
+}
+
+#[test]
+fn a_raw_path_authority_as_grpc_java_sends_it_is_served() {
+    if !ready("raw_authority") {
+        return;
+    }
+    let Some(py) = python("raw_authority") else {
+        return;
+    };
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    let out = Command::new(&py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/raw_authority.py"))
+        .arg(agent.socket())
+        .output()
+        .expect("run raw_authority.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.trim() == "reset=None grpc-status=0 health=1",
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `clients/go`'s example, built with Debian's Go and grpc-go (no module
+/// proxy here: GOPATH mode over `/usr/share/gocode`), into `dir`.
+fn build_go_consumer(dir: &Path) -> PathBuf {
+    let clients = repo().join("clients");
+    let gopath = dir.join("gopath");
+    let parent = gopath.join("src/github.com/lookout-dev/lookout");
+    std::fs::create_dir_all(&parent).expect("mkdir");
+    std::os::unix::fs::symlink(&clients, parent.join("clients")).expect("symlink");
+    let bin = dir.join("lookout-consumer");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg("./cmd/lookout-consumer")
+        .current_dir(parent.join("clients/go"))
+        .env("GO111MODULE", "off")
+        .env("GOPATH", format!("{}:/usr/share/gocode", gopath.display()))
+        .env("GOFLAGS", "")
+        .output()
+        .expect("run go build");
+    assert!(
+        out.status.success(),
+        "go build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+#[test]
+fn go_grpc_lists_and_watches() {
+    if !ready("go_grpc") {
+        return;
+    }
+    for program in ["go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc"] {
+        if !lookout_testsupport::require_program("go_grpc", program) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let go = build_go_consumer(d);
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    let socket = agent.socket().to_str().expect("utf-8").to_owned();
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(&go);
+        cmd.args(["-socket", &socket])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    };
+
+    let b = d.join("b");
+    bundle::busybox(&b, &["true"], |_| {});
+    let listed = id("go-list");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &listed]);
+    agent.wait_event(&listed, "added", Duration::from_secs(10));
+    let list = lines_of(run(&["list"]));
+    assert!(
+        list.iter().any(|l| l["container"]["id"] == listed.as_str()),
+        "{listed} not listed: {list:?}"
+    );
+    rt.cleanup(&listed);
+
+    let watched = id("go-watch");
+    let watch = Running::start(run(&["watch", "-until", &watched]));
+    watch.wait("SNAPSHOT_END", |l| l["event"] == "SNAPSHOT_END");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &watched]);
+    watch.wait("ADDED", |l| {
+        l["event"] == "ADDED" && l["container"]["id"] == watched.as_str()
+    });
+    watch.finish();
+    rt.cleanup(&watched);
+}
+
+/// The Go code in `clients/go/lookoutv1` is what the proto generates now
+/// (Debian 12's protoc 3.21, protoc-gen-go 1.28, protoc-gen-go-grpc 1.0).
+#[test]
+fn the_generated_go_code_is_current() {
+    for program in ["protoc", "protoc-gen-go", "protoc-gen-go-grpc"] {
+        if !lookout_testsupport::require_program("generated_go", program) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let module = "module=github.com/lookout-dev/lookout/clients/go";
+    let out = Command::new("protoc")
+        .arg("-I")
+        .arg(repo().join("crates/lookout-api/proto"))
+        .arg(format!("--go_out={}", dir.path().display()))
+        .arg(format!("--go_opt={module}"))
+        .arg(format!("--go-grpc_out={}", dir.path().display()))
+        .arg(format!("--go-grpc_opt={module}"))
+        .arg("lookout/v1/lookout.proto")
+        .output()
+        .expect("run protoc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in ["lookout.pb.go", "lookout_grpc.pb.go"] {
+        let fresh = std::fs::read(dir.path().join("lookoutv1").join(file)).expect("generated");
+        let kept = std::fs::read(repo().join("clients/go/lookoutv1").join(file)).expect("kept");
+        assert!(
+            fresh == kept,
+            "clients/go/lookoutv1/{file} is stale: regenerate it (clients/go/README.md)"
+        );
+    }
+}
