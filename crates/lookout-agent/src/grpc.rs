@@ -441,24 +441,42 @@ pub fn unbind(path: &Path, bound: Option<(u64, u64)>) {
 /// service (`""`) and `lookout.v1.Lookout` are NOT_SERVING until the agent
 /// is ready, SERVING while it runs, and NOT_SERVING from the moment it
 /// starts to shut down.
-pub struct Health(tonic_health::server::HealthReporter);
+///
+/// Setting them never blocks the caller (the start-up and shutdown path of
+/// discovery): the API's own runtime applies the latest value.
+pub struct Health(tokio::sync::watch::Sender<bool>);
 
 impl Health {
-    /// SERVING or NOT_SERVING, both statuses, applied when this returns (so
-    /// a consumer that saw the agent ready sees SERVING). It waits only for
-    /// the reporter's lock, which the health service holds for a map lookup.
+    /// SERVING or NOT_SERVING, both statuses.
     pub fn set(&self, serving: bool) {
-        use tonic_health::ServingStatus;
-        let status = if serving {
+        self.0.send_replace(serving);
+    }
+}
+
+/// Applies every change of `serving` to `reporter`, on the API's runtime.
+async fn report_health(
+    reporter: tonic_health::server::HealthReporter,
+    mut serving: tokio::sync::watch::Receiver<bool>,
+) {
+    use tonic_health::ServingStatus;
+    loop {
+        let status = if *serving.borrow_and_update() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
         };
-        futures::executor::block_on(async {
+        for name in ["", LOOKOUT_SERVICE] {
+            reporter.set_service_status(name, status).await;
+        }
+        if serving.changed().await.is_err() {
+            // The agent's run ended: it is shutting down.
             for name in ["", LOOKOUT_SERVICE] {
-                self.0.set_service_status(name, status).await;
+                reporter
+                    .set_service_status(name, ServingStatus::NotServing)
+                    .await;
             }
-        });
+            return;
+        }
     }
 }
 
@@ -497,12 +515,17 @@ pub fn spawn(
     default_deadline: Duration,
 ) -> anyhow::Result<Health> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    // Before the first connection is served: NOT_SERVING (the reporter
-    // starts with "" SERVING) until the agent says it is ready.
-    let health = Health(reporter);
-    health.set(false);
+    let (serving, serving_rx) = tokio::sync::watch::channel(false);
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
+        // Before the first connection is served: NOT_SERVING (the reporter
+        // starts with "" SERVING), then whatever the agent says.
+        for name in ["", LOOKOUT_SERVICE] {
+            reporter
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        tokio::spawn(report_health(reporter, serving_rx));
         let listener = match tokio::net::UnixListener::from_std(listener) {
             Ok(l) => l,
             Err(e) => {
@@ -535,7 +558,7 @@ pub fn spawn(
         }
     })
     .context("spawning the consumer API thread")?;
-    Ok(health)
+    Ok(Health(serving))
 }
 
 #[cfg(test)]

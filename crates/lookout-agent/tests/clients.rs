@@ -150,20 +150,24 @@ fn python_grpcio_with_default_options_lists_watches_gates_checks_health_and_refl
     let agent = Agent::start(&rt, &[]);
     let socket = agent.socket();
 
-    // Health: SERVING once the agent is ready, both names.
-    let health = lines_of(consumer(&py, socket, &["health"]));
-    let status = |s: &str| {
-        health
-            .iter()
-            .find(|l| l["service"] == s)
-            .map(|l| l["status"].clone())
-    };
-    assert_eq!(status(""), Some("SERVING".into()), "{health:?}");
-    assert_eq!(
-        status("lookout.v1.Lookout"),
-        Some("SERVING".into()),
-        "{health:?}"
-    );
+    // Health: SERVING once the agent is ready, both names (applied by the
+    // API's thread as the agent logs `ready`: checked until it is).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = lines_of(consumer(&py, socket, &["health"]));
+        let serving = |s: &str| {
+            health
+                .iter()
+                .any(|l| l["service"] == s && l["status"] == "SERVING")
+        };
+        if serving("") && serving("lookout.v1.Lookout") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not SERVING 10 s after ready: {health:?}"
+        );
+    }
 
     // Reflection (v1alpha, what grpcio-reflection speaks): the services,
     // and a method resolved through it alone.

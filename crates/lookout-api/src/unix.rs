@@ -55,6 +55,18 @@ pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// The frame size of re-encoded blocks: the smallest
 /// SETTINGS_MAX_FRAME_SIZE, which every HTTP/2 peer accepts.
 const OUT_FRAME: usize = 16_384;
+/// The largest decoded header list (the sum of name + value + 32 over its
+/// fields, as RFC 7541 counts them). A one-byte reference to a 4 KiB table
+/// entry decodes to 4 KiB, so without this bound 64 KiB of HPACK could
+/// decode to gigabytes. hyper accepts 16 KiB.
+pub const MAX_HEADER_LIST: usize = 64 * 1024;
+/// The most fields in one block (hyper's 16 KiB header list holds at most
+/// 512 fields of 32 bytes each; a gRPC request has about 10).
+pub const MAX_FIELDS: usize = 256;
+/// The most Huffman-coded strings in one block. Each costs the decoder
+/// (loona-hpack) a table of its own, about 10 us, so a block of empty
+/// Huffman strings would cost seconds without this bound.
+pub const MAX_HUFFMAN_STRINGS: usize = 64;
 /// The decoding table's size: the client's encoder may use
 /// SETTINGS_HEADER_TABLE_SIZE, which h2 leaves at its default, 4096.
 const TABLE_SIZE: usize = 4096;
@@ -81,6 +93,15 @@ pub enum Error {
     /// A header block not followed by its CONTINUATION frames.
     #[error("a header block on stream {0} was interrupted by a frame of type {1}")]
     Interrupted(u32, u8),
+    /// A header block with more fields, Huffman strings or decoded bytes
+    /// than [`MAX_FIELDS`], [`MAX_HUFFMAN_STRINGS`] or [`MAX_HEADER_LIST`].
+    #[error("an HTTP/2 header block on stream {stream} over the layer's limits: {what}")]
+    OverLimits {
+        /// The stream of the block.
+        stream: u32,
+        /// Which limit.
+        what: String,
+    },
     /// HPACK that does not decode with the client's table.
     #[error("an HTTP/2 header block on stream {stream} does not decode: {reason}")]
     Compression {
@@ -272,37 +293,73 @@ impl Rewriter {
     /// Decodes a complete header block and passes it on, as it came or
     /// re-encoded.
     fn finish_block(&mut self, block: Block, out: &mut Vec<u8>) -> Result<(), Error> {
-        let fields = self
-            .decoder
-            .decode(&block.fragment)
-            .map_err(|e| Error::Compression {
-                stream: block.stream,
-                reason: format!("{e:?}"),
-            })?;
-        let refused = |(name, value): &(Vec<u8>, Vec<u8>)| {
-            name == b":authority" && http::uri::Authority::try_from(value.as_slice()).is_err()
+        let stream = block.stream;
+        let over = |what: String| Error::OverLimits { stream, what };
+        let (fields, huffman) = shape(&block.fragment).map_err(|reason| Error::Compression {
+            stream,
+            reason: reason.into(),
+        })?;
+        if fields > MAX_FIELDS {
+            return Err(over(format!("{fields} fields, at most {MAX_FIELDS}")));
+        }
+        if huffman > MAX_HUFFMAN_STRINGS {
+            return Err(over(format!(
+                "{huffman} Huffman strings, at most {MAX_HUFFMAN_STRINGS}"
+            )));
+        }
+        let refused = |name: &[u8], value: &[u8]| {
+            name == b":authority" && http::uri::Authority::try_from(value).is_err()
         };
-        if self.mode == Mode::Decide && !fields.iter().any(refused) {
-            // h2 accepts this client as it is: step aside.
-            out.extend_from_slice(&block.raw);
-            self.mode = Mode::Pass;
-            self.decoder = loona_hpack::Decoder::new();
-            return Ok(());
+        // Fields are borrowed from the block or the table, never copied:
+        // counted, checked, and in Rewrite mode encoded at once.
+        let rewrite = self.mode == Mode::Rewrite;
+        let mut decoded = 0usize;
+        let mut needs_rewrite = false;
+        let mut encoded = Vec::new();
+        let mut replaced = 0;
+        let result = self.decoder.decode_with_cb(&block.fragment, |name, value| {
+            decoded = decoded.saturating_add(name.len() + value.len() + 32);
+            if decoded > MAX_HEADER_LIST {
+                return;
+            }
+            let bad = refused(&name, &value);
+            needs_rewrite |= bad;
+            if rewrite {
+                // A literal field without indexing, with a literal name.
+                encoded.push(0);
+                string(&mut encoded, &name);
+                string(&mut encoded, if bad { LOCALHOST } else { &value });
+                replaced += u64::from(bad);
+            }
+        });
+        result.map_err(|e| Error::Compression {
+            stream,
+            reason: format!("{e:?}"),
+        })?;
+        if decoded > MAX_HEADER_LIST {
+            return Err(over(format!(
+                "a header list of more than {MAX_HEADER_LIST} bytes decoded"
+            )));
         }
-        self.mode = Mode::Rewrite;
-        let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
-        for field in &fields {
-            let value = if refused(field) {
-                self.rewritten += 1;
-                LOCALHOST
-            } else {
-                field.1.as_slice()
-            };
-            // A literal field without indexing, with a literal name.
-            encoded.push(0);
-            string(&mut encoded, &field.0);
-            string(&mut encoded, value);
+        if !rewrite {
+            if !needs_rewrite {
+                // h2 accepts this client as it is: step aside.
+                out.extend_from_slice(&block.raw);
+                self.mode = Mode::Pass;
+                self.decoder = loona_hpack::Decoder::new();
+                return Ok(());
+            }
+            // From now on every block is re-encoded, this one too: decode
+            // it again from the table as it was (the first block of a
+            // connection, whose table started empty; entries it added are
+            // read back in the same order).
+            self.mode = Mode::Rewrite;
+            let mut fresh = loona_hpack::Decoder::new();
+            fresh.set_max_allowed_table_size(TABLE_SIZE);
+            self.decoder = fresh;
+            return self.finish_block(block, out);
         }
+        self.rewritten += replaced;
         frames(&block, &encoded, out);
         Ok(())
     }
@@ -329,6 +386,63 @@ fn string(out: &mut Vec<u8>, s: &[u8]) {
         out.push(n as u8);
     }
     out.extend_from_slice(s);
+}
+
+/// Walks an HPACK block's representations without decoding them: how many
+/// fields it has, and how many of its strings are Huffman-coded.
+fn shape(block: &[u8]) -> Result<(usize, usize), &'static str> {
+    /// An integer with an `n`-bit prefix (RFC 7541 §5.1): (value, bytes).
+    fn int(b: &[u8], n: u8) -> Result<(usize, usize), &'static str> {
+        let mask = (1u16 << n) as usize - 1;
+        let first = usize::from(*b.first().ok_or("a truncated integer")?) & mask;
+        if first < mask {
+            return Ok((first, 1));
+        }
+        let mut value = mask;
+        for (i, byte) in b.iter().enumerate().skip(1) {
+            if i > 4 {
+                return Err("an integer of more than 4 continuation bytes");
+            }
+            value += usize::from(byte & 0x7f) << (7 * (i - 1));
+            if byte & 0x80 == 0 {
+                return Ok((value, i + 1));
+            }
+        }
+        Err("a truncated integer")
+    }
+    /// A string literal: (is Huffman, bytes).
+    fn text(b: &[u8]) -> Result<(bool, usize), &'static str> {
+        let huffman = b.first().is_some_and(|h| h & 0x80 != 0);
+        let (len, n) = int(b, 7)?;
+        let end = n.checked_add(len).filter(|&e| e <= b.len());
+        Ok((huffman, end.ok_or("a truncated string")?))
+    }
+    let (mut fields, mut huffman, mut at) = (0, 0, 0);
+    while let Some(&first) = block.get(at) {
+        let rest = &block[at..];
+        let (index, mut n) = match first {
+            f if f & 0x80 != 0 => {
+                fields += 1;
+                at += int(rest, 7)?.1;
+                continue;
+            }
+            f if f & 0xe0 == 0x20 => {
+                at += int(rest, 5)?.1;
+                continue;
+            }
+            f if f & 0xc0 == 0x40 => int(rest, 6)?,
+            _ => int(rest, 4)?,
+        };
+        fields += 1;
+        let strings = if index == 0 { 2 } else { 1 };
+        for _ in 0..strings {
+            let (h, len) = text(&rest[n..])?;
+            huffman += usize::from(h);
+            n += len;
+        }
+        at += n;
+    }
+    Ok((fields, huffman))
 }
 
 /// Appends `encoded` as a HEADERS frame and as many CONTINUATION frames as

@@ -232,3 +232,76 @@ fn what_is_not_http2_passes_through() {
     assert_eq!(out, input);
     assert!(r.passing());
 }
+
+/// A block that fills the table with one 4 KiB entry, then refers to it
+/// `refs` times with one byte each.
+fn amplifying(refs: usize, authority: bool) -> Vec<u8> {
+    let mut block = vec![0x40];
+    string(&mut block, b"a");
+    string(&mut block, &vec![b'x'; 4000]);
+    if authority {
+        block.push(0x01); // :authority without indexing (static 1)
+        string(&mut block, b"a b");
+    }
+    block.extend(std::iter::repeat_n(0xbe, refs));
+    block
+}
+
+fn verdict(block: &[u8]) -> Result<Vec<u8>, Error> {
+    let mut input = PREFACE.to_vec();
+    for chunk in block.chunks(OUT_FRAME).enumerate() {
+        let (i, bytes) = chunk;
+        let last = (i + 1) * OUT_FRAME >= block.len();
+        let kind = if i == 0 { HEADERS } else { CONTINUATION };
+        input.extend(frame(kind, if last { END_HEADERS } else { 0 }, 1, bytes));
+    }
+    let mut out = Vec::new();
+    Rewriter::new().feed(&input, &mut out).map(|()| out)
+}
+
+#[test]
+fn a_small_block_that_decodes_to_a_huge_list_is_refused_without_copies() {
+    // 60 000 one-byte references to a 4 KiB entry: 240 MB decoded.
+    for authority in [false, true] {
+        let e = verdict(&amplifying(60_000, authority)).expect_err("refused");
+        assert!(
+            matches!(e, Error::OverLimits { .. }) && e.to_string().contains("fields"),
+            "{e}"
+        );
+    }
+    // Under the field limit, the decoded size decides.
+    let e = verdict(&amplifying(40, true)).expect_err("refused");
+    assert!(e.to_string().contains("decoded"), "{e}");
+    // A few references are fine.
+    assert!(verdict(&amplifying(10, true)).is_ok());
+}
+
+#[test]
+fn blocks_of_many_huffman_strings_or_fields_are_refused() {
+    // `accept-charset` (static 15) with an empty Huffman value, repeated.
+    let huffman: Vec<u8> = std::iter::repeat_n([0x0f, 0x00, 0x80], MAX_HUFFMAN_STRINGS + 1)
+        .flatten()
+        .collect();
+    let e = verdict(&huffman).expect_err("refused");
+    assert!(e.to_string().contains("Huffman strings"), "{e}");
+    let plain: Vec<u8> = std::iter::repeat_n(0x83, MAX_FIELDS + 1).collect();
+    let e = verdict(&plain).expect_err("refused");
+    assert!(e.to_string().contains("fields"), "{e}");
+    // At the limits: decoded.
+    let huffman: Vec<u8> = std::iter::repeat_n([0x0f, 0x00, 0x80], MAX_HUFFMAN_STRINGS)
+        .flatten()
+        .collect();
+    assert!(verdict(&huffman).is_ok());
+}
+
+#[test]
+fn the_shape_walk_counts_what_the_decoder_reads() {
+    let block = first_block(b"tmp%2Fx.sock");
+    assert_eq!(shape(&block), Ok((5, 0)));
+    assert_eq!(shape(&[0x00, 0x81, 0xff, 0x81, 0xff]), Ok((1, 2)));
+    assert!(shape(&[0x40, 0x05, b'a']).is_err(), "truncated");
+    assert!(
+        shape(&[0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).is_err(),
+        "long integer"
+    );
+}
