@@ -250,3 +250,36 @@ fn the_cluster_role_allows_exactly_what_the_agent_does() {
     assert!(!allows("", "pods", "delete"), "read-only on pods");
     assert!(!allows("", "secrets", "get"), "no secrets");
 }
+
+/// The consumer DaemonSet that docs/consumers.md shows is a DaemonSet with
+/// no unknown field, and mounts what the text says (not applied to a
+/// cluster here: there is none).
+#[test]
+fn the_consumer_daemonset_in_the_docs_is_valid_and_mounts_the_socket_directory() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/consumers.md");
+    let text = std::fs::read_to_string(&path).expect("docs/consumers.md");
+    let yaml = text
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("\n```").next())
+        .expect("a yaml block in docs/consumers.md");
+    let doc: Value = serde_saphyr::from_str(yaml).expect("the docs' DaemonSet is YAML");
+    let ds: DaemonSet = typed("docs/consumers.md", &doc);
+    let pod = ds.spec.template.spec.expect("pod spec");
+    assert_eq!(pod.host_pid, Some(true), "host pids, as lookout reports");
+    let volume = pod
+        .volumes
+        .as_ref()
+        .and_then(|v| v.iter().find(|v| v.name == "lookout"))
+        .and_then(|v| v.host_path.as_ref())
+        .expect("a hostPath volume");
+    assert_eq!(volume.path, "/run/lookout", "the directory, not the socket");
+    assert_eq!(volume.type_.as_deref(), Some("Directory"));
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .and_then(|m| m.iter().find(|m| m.name == "lookout"))
+        .expect("the socket directory mounted");
+    assert_eq!(mount.mount_path, "/run/lookout");
+    assert_eq!(mount.read_only, Some(true));
+}
