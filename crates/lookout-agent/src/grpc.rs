@@ -370,9 +370,16 @@ impl Drop for Gone {
     }
 }
 
-/// Binds the socket: its directory is created 0750, a stale socket of an
-/// earlier agent is replaced (a live one is not: that is an error), and
-/// the socket is made 0660, group `group` when given.
+/// Binds the socket: its directory is created 0750, and the socket is made
+/// 0660, group `group` when given, **before** it appears at `path`: it is
+/// bound at a temporary name beside `path`, then renamed over `path` in one
+/// step (rename(2)).
+///
+/// So a new agent takes the socket over at once, whether the one there is
+/// stale (an agent that crashed) or live (the old agent of a rolling
+/// update, which keeps serving the connections it has until it exits and,
+/// at exit, leaves the new socket alone: [`unbind`]). No consumer ever
+/// finds the path missing, or a socket there with other permissions.
 pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<std::os::unix::net::UnixListener> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     if !dir.exists() {
@@ -384,46 +391,68 @@ pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<std::os::unix::ne
                 .with_context(|| format!("chgrp {g} {}", dir.display()))?;
         }
     }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            anyhow::bail!(
-                "{} exists and is not a socket; not replacing it",
-                path.display()
-            );
+    let previous = match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                anyhow::bail!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                );
+            }
+            Some(previous_owner(path))
         }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            anyhow::bail!(
-                "{} is in use by another process (another lookout?)",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
-    }
-    let l = std::os::unix::net::UnixListener::bind(path)
-        .with_context(|| format!("binding {}", path.display()))?;
+        Err(_) => None,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "lookout.sock".into());
+    let temporary = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    let l = std::os::unix::net::UnixListener::bind(&temporary)
+        .with_context(|| format!("binding {}", temporary.display()))?;
     let ready = (|| -> anyhow::Result<()> {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-            .with_context(|| format!("chmod 0660 {}", path.display()))?;
+        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("chmod 0660 {}", temporary.display()))?;
         if let Some(g) = group {
-            nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(g))).with_context(
-                || {
+            nix::unistd::chown(&temporary, None, Some(nix::unistd::Gid::from_raw(g)))
+                .with_context(|| {
                     format!(
                         "chgrp {g} {} (needs CAP_CHOWN or membership of the group)",
-                        path.display()
+                        temporary.display()
                     )
-                },
-            )?;
+                })?;
         }
         l.set_nonblocking(true)
-            .with_context(|| format!("O_NONBLOCK on {}", path.display()))
+            .with_context(|| format!("O_NONBLOCK on {}", temporary.display()))?;
+        std::fs::rename(&temporary, path)
+            .with_context(|| format!("renaming {} to {}", temporary.display(), path.display()))
     })();
     if let Err(e) = ready {
         // Leave no socket that nobody serves.
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(&temporary);
         return Err(e);
     }
+    match previous {
+        Some(Some(pid)) => tracing::info!(
+            socket = %path.display(),
+            previous_pid = pid,
+            "took the consumer socket over from a running process; it keeps its connections until it exits"
+        ),
+        Some(None) => tracing::info!(socket = %path.display(), "replaced a stale consumer socket"),
+        None => {}
+    }
     Ok(l)
+}
+
+/// The pid of the process serving the socket at `path`, if one does
+/// (`SO_PEERCRED` of a connection; `None` for a stale socket).
+fn previous_owner(path: &Path) -> Option<i32> {
+    let conn = std::os::unix::net::UnixStream::connect(path).ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(cred.pid())
 }
 
 /// Removes the socket at shutdown, if it is still the one this process

@@ -810,3 +810,69 @@ fn lookout_get_and_watch_show_the_nodes_containers() {
         "removal",
     );
 }
+
+/// A surge rollout: a second agent on the same socket takes it over at
+/// once, with its permissions already set; the first keeps running, and at
+/// its exit leaves the second's socket in place.
+#[test]
+fn a_second_agent_takes_the_socket_over_and_the_first_leaves_it_at_exit() {
+    if !ready("socket_takeover") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("api/lookout.sock");
+    let s = socket.to_str().expect("utf-8");
+    let tokio = runtime();
+    let list = |what: &str| {
+        tokio.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                connect(&socket)
+                    .await
+                    .list(pb::ListRequest::default())
+                    .await
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no List answer within 5 s"))
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+        })
+    };
+    let old = Agent::start(&rt, &["--socket", s]);
+    list("the first agent");
+    let new = Agent::start(&rt, &["--socket", s]);
+    new.wait_log(
+        &format!("previous_pid={}", old.child.id()),
+        Duration::from_secs(5),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o660, "the socket appeared with its mode set");
+
+    // With the first agent stopped, the path answers: the second serves it.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGSTOP) };
+    wait_all_threads_stopped(old.child.id());
+    list("the second agent, the first stopped");
+    // SAFETY: as above.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGCONT) };
+
+    let (status, log) = old.stop();
+    assert!(status.success(), "the first agent exits cleanly: {log}");
+    assert!(
+        socket.exists(),
+        "the first agent removed the second's socket"
+    );
+    list("the second agent, the first gone");
+    let stray: Vec<_> = std::fs::read_dir(dir.path().join("api"))
+        .expect("the socket's directory")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(stray, ["lookout.sock"], "no temporary socket left behind");
+    let (status, _) = new.stop();
+    assert!(status.success());
+    assert!(!socket.exists(), "the last agent removes its socket");
+}

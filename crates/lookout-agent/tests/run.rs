@@ -243,31 +243,6 @@ fn a_killed_agent_does_not_block_the_runtime() {
     drop(agent);
 }
 
-/// Waits until every thread of `pid` is stopped (`T` in its stat).
-fn wait_all_threads_stopped(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .expect("the agent's tasks")
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-            .filter_map(|stat| {
-                // The state follows the parenthesised command name.
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned))
-            })
-            .collect();
-        if !states.is_empty() && states.iter().all(|s| s == "T") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent's threads did not all stop: {states:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Waits until process `pid` sleeps in fanotify's permission wait.
 fn wait_parked_in_fanotify(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(5);
