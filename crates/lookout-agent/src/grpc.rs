@@ -482,6 +482,16 @@ impl Health {
     }
 }
 
+/// Sets the overall status and `lookout.v1.Lookout`'s.
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    for name in ["", LOOKOUT_SERVICE] {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
 /// Applies every change of `serving` to `reporter`, on the API's runtime.
 async fn report_health(
     reporter: tonic_health::server::HealthReporter,
@@ -494,16 +504,10 @@ async fn report_health(
         } else {
             ServingStatus::NotServing
         };
-        for name in ["", LOOKOUT_SERVICE] {
-            reporter.set_service_status(name, status).await;
-        }
+        set_health(&reporter, status).await;
         if serving.changed().await.is_err() {
             // The agent's run ended: it is shutting down.
-            for name in ["", LOOKOUT_SERVICE] {
-                reporter
-                    .set_service_status(name, ServingStatus::NotServing)
-                    .await;
-            }
+            set_health(&reporter, ServingStatus::NotServing).await;
             return;
         }
     }
@@ -549,11 +553,7 @@ pub fn spawn(
     crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
         // Before the first connection is served: NOT_SERVING (the reporter
         // starts with "" SERVING), then whatever the agent says.
-        for name in ["", LOOKOUT_SERVICE] {
-            reporter
-                .set_service_status(name, tonic_health::ServingStatus::NotServing)
-                .await;
-        }
+        set_health(&reporter, tonic_health::ServingStatus::NotServing).await;
         tokio::spawn(report_health(reporter, serving_rx));
         let listener = match tokio::net::UnixListener::from_std(listener) {
             Ok(l) => l,

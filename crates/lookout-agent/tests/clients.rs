@@ -260,17 +260,8 @@ fn python_grpcio_with_default_options_lists_watches_gates_checks_health_and_refl
     for (id, b) in [(&allowed, &ba), (&denied, &bd)] {
         rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), id]);
     }
-    let start = |id: &str| {
-        Command::new(&rt.path)
-            .args(["start", id])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    let allowed_ran = start(&allowed);
-    let denied_ran = start(&denied);
+    let allowed_ran = start_container(&rt.path, &allowed);
+    let denied_ran = start_container(&rt.path, &denied);
     let holds = gate.finish();
     assert!(allowed_ran, "the allowed start is refused: {holds:?}");
     assert!(!denied_ran, "the denied start ran: {holds:?}");

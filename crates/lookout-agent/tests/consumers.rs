@@ -216,25 +216,10 @@ fn a_gate_answers_before_the_containers_first_instruction() {
     drop(s);
 }
 
-/// `runc start ID`: whether it ran and succeeded. A start denied by a gate
-/// never runs: the exec of the runtime binary itself fails with EPERM.
-fn start(path: &Path, id: &str) -> bool {
-    match std::process::Command::new(path)
-        .args(["start", id])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-    {
-        Ok(s) => s.success(),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => false,
-        Err(e) => panic!("runc start: {e}"),
-    }
-}
-
-/// `start` on a thread of its own (it waits on the gate).
+/// `start_container` on a thread of its own (it waits on the gate).
 fn start_beside(rt: &Runtime, id: &str) -> std::thread::JoinHandle<bool> {
     let (path, id) = (rt.path.clone(), id.to_owned());
-    std::thread::spawn(move || start(&path, &id))
+    std::thread::spawn(move || start_container(&path, &id))
 }
 
 /// Creates and starts `id` from `bundle` with `rt`, returning whether
@@ -244,7 +229,7 @@ fn start_beside(rt: &Runtime, id: &str) -> std::thread::JoinHandle<bool> {
 fn create_and_start(rt: &Runtime, bundle: &Path, id: &str) -> (bool, Duration) {
     let t = Instant::now();
     rt.ok(&["create", "--bundle", bundle.to_str().expect("utf-8"), id]);
-    let ok = start(&rt.path, id);
+    let ok = start_container(&rt.path, id);
     (ok, t.elapsed())
 }
 
@@ -344,7 +329,7 @@ fn a_denied_container_never_runs_and_a_vanished_subscriber_releases_at_once() {
         "{removed}"
     );
     // A later start cannot run it either: its init was killed.
-    assert!(!start(&rt.path, &denied));
+    assert!(!start_container(&rt.path, &denied));
     assert!(
         !b.join("rootfs/ran").exists() && !marker.exists(),
         "the denied container ran its first instruction"
