@@ -185,7 +185,7 @@ impl Lookout for Service {
         let mut w = self
             .hub
             .watch(r.since, filter_of(r.filter)?)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            .map_err(refused)?;
         let out = async_stream::stream! {
             loop {
                 match w.next().await {
@@ -211,7 +211,9 @@ impl Lookout for Service {
                         break;
                     }
                     Err(WatchEnd::Closed) => {
-                        yield Err(Status::unavailable("the agent is shutting down"));
+                        // After the last change: a standby agent that reads
+                        // this has them all (crate::handover::mirror).
+                        yield Err(Status::unavailable(crate::handover::CLOSING));
                         break;
                     }
                 }
@@ -276,7 +278,7 @@ impl Lookout for Service {
                 deadline,
                 on_failure,
             })
-            .map_err(|e: Refused| Status::resource_exhausted(e.to_string()))?;
+            .map_err(refused)?;
         tracing::info!(
             gate = name,
             pid = cred.pid(),
@@ -358,6 +360,14 @@ impl Lookout for Service {
     }
 }
 
+/// The status for a refused consumer.
+fn refused(e: Refused) -> Status {
+    match e {
+        Refused::Full { .. } => Status::resource_exhausted(e.to_string()),
+        Refused::Closing => Status::unavailable(e.to_string()),
+    }
+}
+
 /// Logs a gate subscriber's departure when its stream goes.
 struct Gone(String);
 
@@ -383,13 +393,7 @@ impl Drop for Gone {
 pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<std::os::unix::net::UnixListener> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     if !dir.exists() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
-            .with_context(|| format!("chmod 0750 {}", dir.display()))?;
-        if let Some(g) = group {
-            nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(g)))
-                .with_context(|| format!("chgrp {g} {}", dir.display()))?;
-        }
+        create_socket_dir(dir, group)?;
     }
     let previous = match std::fs::symlink_metadata(path) {
         Ok(meta) => {
@@ -444,6 +448,18 @@ pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<std::os::unix::ne
         None => {}
     }
     Ok(l)
+}
+
+/// Creates the socket's directory, 0750, group `group` when given.
+pub fn create_socket_dir(dir: &Path, group: Option<u32>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+        .with_context(|| format!("chmod 0750 {}", dir.display()))?;
+    if let Some(g) = group {
+        nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(g)))
+            .with_context(|| format!("chgrp {g} {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// The pid of the process serving the socket at `path`, if one does

@@ -18,7 +18,10 @@ use std::time::Duration;
 use lookout_model::{Chain, ContainerEvent, EventKind, Sink, Source, Status};
 use lookout_oci_hooks::oci_spec::runtime::{ContainerState, Hook, HookBuilder};
 use lookout_oci_hooks::{HooksDirs, RunOptions, Target, run_hook, state_of};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
+
+use crate::handover::{Claims, Once, claim_key};
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -236,6 +239,27 @@ struct Dispatcher {
     running: Arc<tokio::sync::Semaphore>,
     /// Where hooks and Events run.
     side: tokio::runtime::Handle,
+    /// Shared with another agent on the node (a surge rollout's): each
+    /// hook and Event runs once between them.
+    claims: Option<Claims>,
+    /// Stages and Events not yet finished ([`HookSink::in_flight`]).
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a task in [`Dispatcher::in_flight`] while it lives.
+struct Flight(Arc<AtomicUsize>);
+
+impl Flight {
+    fn new(n: &Arc<AtomicUsize>) -> Flight {
+        n.fetch_add(1, Ordering::AcqRel);
+        Flight(Arc::clone(n))
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A [`Sink`] that runs hooks and posts Events, then hands the event on.
@@ -266,6 +290,7 @@ impl<S: Sink> HookSink<S> {
         settings: HookSettings,
         events: Option<Events>,
         side: tokio::runtime::Handle,
+        claims: Option<Claims>,
     ) -> (HookSink<S>, Barrier) {
         let named = |cmds: &[String]| {
             cmds.iter()
@@ -285,6 +310,8 @@ impl<S: Sink> HookSink<S> {
             close_fds: Mutex::new(Vec::new()),
             running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
             side,
+            claims,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         });
         (
             HookSink {
@@ -297,6 +324,12 @@ impl<S: Sink> HookSink<S> {
 }
 
 impl<S> HookSink<S> {
+    /// Hook stages and Events still running (a shutdown waits for them, so
+    /// that an agent replaced by a rollout finishes what it claimed).
+    pub fn in_flight(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.d.in_flight)
+    }
+
     /// Hooks close `fd` before they exec (give the fanotify group: a hook
     /// that execs a runtime binary while holding it keeps the group alive,
     /// and with it every exec waiting on a dead agent).
@@ -317,6 +350,13 @@ impl<S: Sink> Sink for HookSink<S> {
 /// At most this many hook processes run at once; more wait their turn
 /// (each holds a process and three pipes).
 pub const MAX_RUNNING_HOOKS: usize = 32;
+
+/// How long past a hook's timeout an agent waits for the other agent of a
+/// rollout to finish running it.
+const HOOK_CLAIM_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long an agent waits for the other to post a container's Event.
+const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 fn has_bind_mounts(config: &serde_json::Value) -> bool {
     config["mounts"].as_array().is_some_and(|ms| {
@@ -451,7 +491,9 @@ impl Dispatcher {
                     });
                 let d = Arc::clone(self);
                 let e = event.clone();
+                let flight = Flight::new(&self.in_flight);
                 self.side.spawn(async move {
+                    let _flight = flight;
                     // The rate limit first, here on the side runtime (never
                     // on the caller's): a dropped Event costs no read.
                     let events = d
@@ -466,7 +508,19 @@ impl Dispatcher {
                     let config = d.config_of(&e).await;
                     if let Some(ev) = events {
                         let (d, e, config) = (Arc::clone(&d), e.clone(), config.clone());
-                        tokio::spawn(async move { d.post_event(ev, &e, config.as_ref()).await });
+                        let flight = Flight::new(&d.in_flight);
+                        tokio::spawn(async move {
+                            let _flight = flight;
+                            let post = || d.post_event(ev, &e, config.as_ref());
+                            match &d.claims {
+                                // One Event a container, whichever agent posts it.
+                                Some(claims) => {
+                                    let key = claim_key(&e.container.id, "kubernetes-event");
+                                    claims.once(&key, EVENT_WAIT, post).await;
+                                }
+                                None => post().await,
+                            }
+                        });
                     }
                     if runs {
                         d.run_stage(&e, true, config.as_ref()).await;
@@ -483,7 +537,9 @@ impl Dispatcher {
                 if !self.poststop.is_empty() || !self.settings.dirs.is_empty() {
                     let d = Arc::clone(self);
                     let e = event.clone();
+                    let flight = Flight::new(&self.in_flight);
                     self.side.spawn(async move {
+                        let _flight = flight;
                         let config = d.config_of(&e).await;
                         d.run_stage(&e, false, config.as_ref()).await;
                     });
@@ -581,38 +637,80 @@ impl Dispatcher {
         // The host's namespaces: pid 1 of a hostPID pod is the host's init.
         // A no-op when the agent already runs in them.
         opts.namespaces_of = Some(self.settings.host_namespaces_pid).filter(|p| *p != 0);
+        let stage = if create { "prestart" } else { "poststop" };
         for (name, hook) in hooks {
-            // N.B. the semaphore is never closed, so acquire cannot fail.
-            let Ok(_running) = self.running.acquire().await else {
-                return;
+            let run = || self.run_one(c, &name, &hook, &state, &opts);
+            let Some(claims) = &self.claims else {
+                run().await;
+                continue;
             };
-            match run_hook(&hook, &state, &opts).await {
-                Ok(o) if o.success() => tracing::info!(
+            // The hook as configured names the claim: the same hook in
+            // the other agent of a rollout is this one, a changed one is
+            // another (and runs).
+            let what = format!(
+                "{stage} {name} {}",
+                serde_json::to_string(&hook).unwrap_or_default()
+            );
+            // Wait while the other agent runs it: its timeout, and a margin.
+            let wait = hook.timeout().map_or(self.settings.timeout, |t| {
+                Duration::from_secs(t.max(0) as u64)
+            }) + HOOK_CLAIM_MARGIN;
+            match claims.once(&claim_key(&c.id, &what), wait, run).await {
+                Once::Ran => {}
+                Once::Done => tracing::debug!(
                     id = c.id,
                     hook = name,
-                    status = %status,
-                    duration_ms = o.duration.as_millis() as u64,
-                    stdout = o.stdout.trim_end(),
-                    stderr = o.stderr.trim_end(),
-                    "hook ran"
+                    "hook already run by the other agent on this node"
                 ),
-                Ok(o) => tracing::warn!(
+                Once::Busy => tracing::warn!(
                     id = c.id,
                     hook = name,
-                    status = %status,
-                    result = o.describe(),
-                    duration_ms = o.duration.as_millis() as u64,
-                    stdout = o.stdout.trim_end(),
-                    stderr = o.stderr.trim_end(),
-                    "hook failed"
-                ),
-                Err(err) => tracing::warn!(
-                    id = c.id,
-                    hook = name,
-                    error = %Chain(&err),
-                    "hook did not run"
+                    "the other agent on this node is still running this hook; not waiting longer"
                 ),
             }
+        }
+    }
+
+    /// Runs one hook and logs how it went.
+    async fn run_one(
+        &self,
+        c: &lookout_model::Container,
+        name: &str,
+        hook: &Hook,
+        state: &lookout_oci_hooks::oci_spec::runtime::State,
+        opts: &RunOptions,
+    ) {
+        let status = state.status();
+        // N.B. the semaphore is never closed, so acquire cannot fail.
+        let Ok(_running) = self.running.acquire().await else {
+            return;
+        };
+        match run_hook(hook, state, opts).await {
+            Ok(o) if o.success() => tracing::info!(
+                id = c.id,
+                hook = name,
+                status = %status,
+                duration_ms = o.duration.as_millis() as u64,
+                stdout = o.stdout.trim_end(),
+                stderr = o.stderr.trim_end(),
+                "hook ran"
+            ),
+            Ok(o) => tracing::warn!(
+                id = c.id,
+                hook = name,
+                status = %status,
+                result = o.describe(),
+                duration_ms = o.duration.as_millis() as u64,
+                stdout = o.stdout.trim_end(),
+                stderr = o.stderr.trim_end(),
+                "hook failed"
+            ),
+            Err(err) => tracing::warn!(
+                id = c.id,
+                hook = name,
+                error = %Chain(&err),
+                "hook did not run"
+            ),
         }
     }
 

@@ -123,6 +123,8 @@ pub struct Watch {
     lagged: Arc<AtomicBool>,
     buffer: usize,
     metrics: HubMetrics,
+    /// [`Hub::watches_open`].
+    open: Arc<AtomicU64>,
 }
 
 impl Watch {
@@ -142,6 +144,7 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.metrics.watchers.dec();
+        self.open.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -311,6 +314,9 @@ pub enum Refused {
         /// The limit.
         max: usize,
     },
+    /// The agent is shutting down.
+    #[error("the agent is shutting down; its successor serves the socket soon (retry)")]
+    Closing,
 }
 
 struct Watcher {
@@ -331,6 +337,46 @@ struct State {
     /// A start's decision, until the container's removal: a second wait
     /// for the same start (NRI, then the hook) gets it without new holds.
     decided: HashMap<String, StartDecision>,
+    /// `Some` while another agent serves the consumer socket (this one is
+    /// its successor, waiting): this agent's own reports are kept aside,
+    /// and the table and log follow the serving agent's (see
+    /// [`Hub::mirror_change`]).
+    standby: Option<Standby>,
+    /// Revisions strictly between these two were never issued here: a
+    /// predecessor that died may have issued them to its consumers before
+    /// this agent saw them. Resuming from one gets a snapshot.
+    gap: Option<(u64, u64)>,
+    /// Shutting down: no new watchers.
+    closed: bool,
+}
+
+/// A standby hub's own reports, for [`Hub::take_over`].
+#[derive(Default)]
+struct Standby {
+    /// Containers reported and not removed since, by id.
+    added: HashMap<String, ContainerEvent>,
+    /// Containers reported removed, by id.
+    removed: HashMap<String, ContainerEvent>,
+    /// A snapshot of the serving agent arrived: revisions are its.
+    mirrored: bool,
+}
+
+/// How far revisions jump when a predecessor ended without a clean
+/// handover ([`Hub::take_over`]): more changes than it could have issued
+/// that this agent did not see.
+pub const REVISION_GAP: u64 = 1 << 20;
+
+/// What [`Hub::take_over`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeOver {
+    /// The last revision of the predecessor's log here (0: none).
+    pub mirrored: u64,
+    /// Containers this agent saw that the predecessor had not reported.
+    pub added: usize,
+    /// Containers it reported that this agent saw go.
+    pub removed: usize,
+    /// The first revision this agent issues.
+    pub next: u64,
 }
 
 /// One subscriber's hold on a created container, opened before the
@@ -354,6 +400,8 @@ pub struct Hub {
     can_hold: AtomicBool,
     next_id: AtomicU64,
     metrics: HubMetrics,
+    /// [`Watch`]es not yet dropped.
+    open_watches: Arc<AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -385,12 +433,16 @@ impl Hub {
                 denied: HashMap::new(),
                 decided: HashMap::new(),
                 open: HashMap::new(),
+                standby: None,
+                gap: None,
+                closed: false,
             }),
             gates: Mutex::new(Vec::new()),
             can_hold: AtomicBool::new(config.can_hold),
             config,
             next_id: AtomicU64::new(1),
             metrics,
+            open_watches: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -412,6 +464,9 @@ impl Hub {
     /// when `since` is 0, in the future, or older than the window.
     pub fn watch(&self, since: u64, filter: Filter) -> Result<Watch, Refused> {
         let mut s = lock(&self.state);
+        if s.closed {
+            return Err(Refused::Closing);
+        }
         s.watchers.retain(|w| !w.tx.is_closed());
         if s.watchers.len() >= self.config.max_watchers {
             return Err(Refused::Full {
@@ -422,11 +477,21 @@ impl Hub {
         // Every change after `since` is still in the log (none missed):
         // the log reaches back to `since + 1`, or `since` is now.
         let retained = match s.log.front() {
+            // The log starts right after the gap, and `since` right before.
+            Some(first)
+                if s.gap
+                    .is_some_and(|(lo, hi)| since == lo && first.revision == hi) =>
+            {
+                true
+            }
             Some(first) => since.saturating_add(1) >= first.revision,
             None => since == s.revision,
         };
+        // A revision in a gap was issued by a predecessor that died before
+        // this agent saw it: what came after it is unknown here.
+        let in_gap = s.gap.is_some_and(|(lo, hi)| since > lo && since < hi);
         let mut backlog = VecDeque::new();
-        if since == 0 || since > s.revision || !retained {
+        if since == 0 || since > s.revision || !retained || in_gap {
             let mut containers: Vec<Live> = s
                 .live
                 .values()
@@ -454,12 +519,14 @@ impl Hub {
             lagged: Arc::clone(&lagged),
         });
         self.metrics.watchers.inc();
+        self.open_watches.fetch_add(1, Ordering::Release);
         Ok(Watch {
             backlog,
             rx,
             lagged,
             buffer: self.config.watch_buffer,
             metrics: self.metrics.clone(),
+            open: Arc::clone(&self.open_watches),
         })
     }
 
@@ -505,6 +572,21 @@ impl Hub {
     fn publish(&self, event: &mut ContainerEvent) {
         let mut s = lock(&self.state);
         let id = event.container.id.clone();
+        if let Some(sb) = s.standby.as_mut() {
+            // Another agent serves the socket and reports this container
+            // too: kept for the takeover (its holds are that agent's).
+            match event.event {
+                EventKind::Added => {
+                    sb.removed.remove(&id);
+                    sb.added.insert(id, event.clone());
+                }
+                EventKind::Removed => {
+                    sb.added.remove(&id);
+                    sb.removed.insert(id, event.clone());
+                }
+            }
+            return;
+        }
         let live = match event.event {
             EventKind::Added => {
                 let live = Live {
@@ -544,29 +626,7 @@ impl Hub {
             reason: event.reason.clone(),
             monotonic_ns: event.monotonic_ns,
         });
-        s.log.push_back(Arc::clone(&change));
-        while s.log.len() > self.config.window {
-            s.log.pop_front();
-        }
-        let metrics = &self.metrics;
-        s.watchers.retain(|w| {
-            if !w.filter.matches(&change.live.container) {
-                return !w.tx.is_closed();
-            }
-            match w.tx.try_send(Arc::clone(&change)) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    w.lagged.store(true, Ordering::Release);
-                    metrics.watchers_dropped.inc();
-                    tracing::warn!(
-                        buffer = self.config.watch_buffer,
-                        "a watcher did not keep up; disconnected"
-                    );
-                    false
-                }
-            }
-        });
+        self.fan_out(&mut s, &change);
         drop(s);
         // A created container whose start the runtime hook or NRI holds;
         // never a pod's sandbox (pause): nothing of the pod runs in it.
@@ -603,6 +663,165 @@ impl Hub {
                 self.metrics.hold(&sub.sub.name, "not-held");
             }
         }
+    }
+
+    /// Appends `change` to the log and hands it to every matching watcher
+    /// (without waiting: a full watcher is dropped).
+    fn fan_out(&self, s: &mut State, change: &Arc<Change>) {
+        s.log.push_back(Arc::clone(change));
+        while s.log.len() > self.config.window {
+            s.log.pop_front();
+        }
+        let metrics = &self.metrics;
+        s.watchers.retain(|w| {
+            if !w.filter.matches(&change.live.container) {
+                return !w.tx.is_closed();
+            }
+            match w.tx.try_send(Arc::clone(change)) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    w.lagged.store(true, Ordering::Release);
+                    metrics.watchers_dropped.inc();
+                    tracing::warn!(
+                        buffer = self.config.watch_buffer,
+                        "a watcher did not keep up; disconnected"
+                    );
+                    false
+                }
+            }
+        });
+    }
+
+    /// Stands by: another agent serves the consumer socket. This hub's own
+    /// reports are kept aside until [`Hub::take_over`]; meanwhile the
+    /// serving agent's changes arrive through [`Hub::mirror_snapshot`] and
+    /// [`Hub::mirror_change`].
+    pub fn stand_by(&self) {
+        lock(&self.state).standby = Some(Standby::default());
+    }
+
+    /// Whether the hub stands by.
+    pub fn standing_by(&self) -> bool {
+        lock(&self.state).standby.is_some()
+    }
+
+    /// The serving agent's last revision mirrored here (0: none yet, or
+    /// not standing by).
+    pub fn revision_mirrored(&self) -> u64 {
+        let s = lock(&self.state);
+        match &s.standby {
+            Some(sb) if sb.mirrored => s.revision,
+            _ => 0,
+        }
+    }
+
+    /// The serving agent's table at `revision`: replaces this one's, with
+    /// its revision (its log is not known before it).
+    pub fn mirror_snapshot(&self, revision: u64, containers: Vec<Live>) {
+        let mut s = lock(&self.state);
+        let Some(sb) = s.standby.as_mut() else {
+            return;
+        };
+        sb.mirrored = true;
+        s.live = containers
+            .into_iter()
+            .map(|l| (l.container.id.clone(), l))
+            .collect();
+        s.revision = revision;
+        s.log.clear();
+    }
+
+    /// One change of the serving agent, with its revision. Changes at or
+    /// below the last one (a resumed stream) are skipped.
+    pub fn mirror_change(&self, change: Change) {
+        let mut s = lock(&self.state);
+        if !s.standby.as_ref().is_some_and(|sb| sb.mirrored) || change.revision <= s.revision {
+            return;
+        }
+        let id = change.live.container.id.clone();
+        match change.kind {
+            EventKind::Added => {
+                s.live.insert(id, change.live.clone());
+            }
+            EventKind::Removed => {
+                s.live.remove(&id);
+            }
+        }
+        s.revision = change.revision;
+        let change = Arc::new(change);
+        self.fan_out(&mut s, &change);
+    }
+
+    /// Ends standby: this agent now serves the socket. Revisions continue
+    /// from the predecessor's last one; with `clean` false (it died, or
+    /// its last changes may not have arrived) they jump by
+    /// [`REVISION_GAP`] and a consumer resuming inside the gap gets a
+    /// snapshot. Then the containers this agent saw that the predecessor's
+    /// table lacks are added, and those it saw go are removed, as changes
+    /// of their own.
+    pub fn take_over(&self, clean: bool) -> TakeOver {
+        let (sb, mirrored) = {
+            let mut s = lock(&self.state);
+            let Some(sb) = s.standby.take() else {
+                return TakeOver {
+                    mirrored: 0,
+                    added: 0,
+                    removed: 0,
+                    next: s.revision + 1,
+                };
+            };
+            let mirrored = if sb.mirrored { s.revision } else { 0 };
+            if sb.mirrored && !clean {
+                s.gap = Some((s.revision, s.revision + REVISION_GAP));
+                s.revision += REVISION_GAP - 1;
+            }
+            (sb, mirrored)
+        };
+        let next = lock(&self.state).revision + 1;
+        let mut removed: Vec<ContainerEvent> = sb.removed.into_values().collect();
+        removed.sort_by_key(|e| e.monotonic_ns);
+        let mut n_removed = 0;
+        for mut e in removed {
+            if lock(&self.state).live.contains_key(&e.container.id) {
+                self.publish(&mut e);
+                n_removed += 1;
+            }
+        }
+        let mut added: Vec<ContainerEvent> = sb.added.into_values().collect();
+        added.sort_by_key(|e| e.monotonic_ns);
+        let mut n_added = 0;
+        for mut e in added {
+            if !lock(&self.state).live.contains_key(&e.container.id) {
+                self.publish(&mut e);
+                n_added += 1;
+            }
+        }
+        TakeOver {
+            mirrored,
+            added: n_added,
+            removed: n_removed,
+            next,
+        }
+    }
+
+    /// Shutting down: every watcher gets the changes it has, then the end
+    /// of its stream; new watchers are refused.
+    pub fn close(&self) {
+        let mut s = lock(&self.state);
+        s.closed = true;
+        s.watchers.clear();
+    }
+
+    /// Watches not yet ended (their consumers' streams are still being
+    /// written).
+    pub fn watches_open(&self) -> u64 {
+        self.open_watches.load(Ordering::Acquire)
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        lock(&self.state).revision
     }
 
     /// Hands `live` to every matching gate subscriber that is not in
@@ -1076,6 +1295,130 @@ mod tests {
             }
         }
         assert_eq!(got, [(1, "b".to_owned()), (2, "a".to_owned())]);
+        now().await;
+    }
+
+    /// What a watcher from `since` gets next: the changes' (revision, id),
+    /// or the snapshot's revision as (revision, "snapshot").
+    async fn next_items(h: &Hub, since: u64, n: usize) -> Vec<(u64, String)> {
+        let mut w = h.watch(since, Filter::default()).expect("watch");
+        let mut got = Vec::new();
+        while got.len() < n {
+            match w.next().await.expect("item") {
+                WatchItem::Change(c) => got.push((c.revision, c.live.container.id.clone())),
+                WatchItem::Snapshot { revision, .. } => got.push((revision, "snapshot".into())),
+            }
+        }
+        got
+    }
+
+    /// Feeds `old`'s log from `since` into the standby `new`, as the
+    /// mirror does.
+    async fn mirror_all(old: &Hub, new: &Hub) {
+        let (rev, live) = old.list(&Filter::default());
+        if new.revision_mirrored() == 0 {
+            new.mirror_snapshot(rev, live);
+        }
+        let since = new.revision_mirrored();
+        let mut w = old.watch(since, Filter::default()).expect("watch");
+        while old.revision() > new.revision_mirrored() {
+            if let WatchItem::Change(c) = w.next().await.expect("item") {
+                new.mirror_change((*c).clone());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_successor_continues_the_revisions_and_adds_only_what_it_saw_alone() {
+        let old = hub(100, 100);
+        let new = hub(100, 100);
+        feed(&old, added("a", Status::Running));
+        feed(&old, added("b", Status::Running));
+        new.stand_by();
+        mirror_all(&old, &new).await;
+        // Both see c; the new one alone saw d (the old one was stopping)
+        // and a go.
+        feed(&old, added("c", Status::Running));
+        feed(&new, added("c", Status::Running));
+        feed(&new, added("d", Status::Running));
+        feed(&new, removed("a"));
+        assert!(new.standing_by());
+        assert_eq!(
+            new.list(&Filter::default()).1.len(),
+            2,
+            "own reports kept aside"
+        );
+        mirror_all(&old, &new).await;
+        let last = old.revision();
+        // A consumer of the old agent at `last - 1` (it saw a and b).
+        let t = new.take_over(true);
+        assert_eq!(
+            (t.mirrored, t.next, t.added, t.removed),
+            (last, last + 1, 1, 1)
+        );
+        let got = next_items(&new, last - 1, 3).await;
+        assert_eq!(
+            got,
+            [
+                (last, "c".to_owned()),
+                (last + 1, "a".to_owned()),
+                (last + 2, "d".to_owned())
+            ]
+        );
+        let ids: Vec<String> = new
+            .list(&Filter::default())
+            .1
+            .iter()
+            .map(|l| l.container.id.clone())
+            .collect();
+        assert_eq!(ids.len(), 3);
+        for id in ["b", "c", "d"] {
+            assert!(ids.contains(&id.to_owned()), "{ids:?}");
+        }
+        now().await;
+    }
+
+    #[tokio::test]
+    async fn after_an_unclean_end_revisions_jump_and_a_resume_inside_the_gap_gets_a_snapshot() {
+        let old = hub(100, 100);
+        let new = hub(100, 100);
+        feed(&old, added("a", Status::Running));
+        new.stand_by();
+        mirror_all(&old, &new).await;
+        let seen = old.revision();
+        // The old agent issued one more change that never reached the new
+        // one (it was killed), and a consumer saw it.
+        feed(&old, added("b", Status::Running));
+        let consumer = old.revision();
+        feed(&new, added("b", Status::Running));
+        let t = new.take_over(false);
+        assert_eq!(t.mirrored, seen);
+        assert_eq!(t.next, seen + REVISION_GAP);
+        // The consumer that saw b at `consumer` gets a snapshot, not the
+        // new agent's next change (which is also b, under another number).
+        let got = next_items(&new, consumer, 1).await;
+        assert_eq!(got, [(seen + REVISION_GAP, "snapshot".to_owned())]);
+        // One that stopped before the gap resumes exactly.
+        let got = next_items(&new, seen, 1).await;
+        assert_eq!(got, [(seen + REVISION_GAP, "b".to_owned())]);
+        now().await;
+    }
+
+    #[tokio::test]
+    async fn a_closed_hub_ends_its_watches_after_their_changes_and_refuses_new_ones() {
+        let h = hub(100, 100);
+        let mut w = h.watch(h.revision(), Filter::default()).expect("watch");
+        feed(&h, added("a", Status::Running));
+        h.close();
+        assert!(matches!(w.next().await, Ok(WatchItem::Change(_))));
+        assert!(matches!(w.next().await, Err(WatchEnd::Closed)));
+        assert_eq!(h.watches_open(), 1);
+        drop(w);
+        assert_eq!(h.watches_open(), 0);
+        assert!(matches!(
+            h.watch(0, Filter::default()),
+            Err(Refused::Closing)
+        ));
         now().await;
     }
 

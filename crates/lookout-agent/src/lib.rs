@@ -26,6 +26,7 @@ use clap::{Parser, Subcommand};
 mod cli;
 mod embed;
 mod grpc;
+mod handover;
 mod hooks;
 mod hub;
 mod merge;

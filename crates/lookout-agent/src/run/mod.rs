@@ -7,13 +7,13 @@
 //! - here: wiring them together, with the hub, hooks, the API socket and
 //!   the health endpoints, until a signal (or, embedded, `stop`).
 
+mod api;
 mod args;
 mod limits;
 mod modes;
 mod output;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -189,21 +189,39 @@ async fn run_async(
     };
     let events = k8s_events(&args, &mut kube, &metrics).await;
     let hooks_wanted = hook_settings.any();
-    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone());
-    let hub = Hub::new(hub_config(&args), metrics.hub());
-    let mut bound = None;
-    let mut health = None;
-    if !args.no_socket {
-        // The API is a consumer like any other: without it discovery goes on.
-        match serve_api(&args, std::sync::Arc::clone(&hub)) {
-            Ok((id, h)) => {
-                bound = Some(id);
-                health = Some(h);
+    // Hooks and Events run once between this agent and another on the
+    // node (a surge rollout's), through claims beside the socket.
+    let claims = if args.no_socket {
+        None
+    } else {
+        match crate::handover::Claims::open(&args.socket) {
+            Ok(c) => {
+                let swept = c.sweep();
+                if swept > 0 {
+                    tracing::debug!(swept, "old hook claims removed");
+                }
+                let sweeper = c.clone();
+                side.spawn(async move {
+                    loop {
+                        tokio::time::sleep(crate::handover::SWEEP_EVERY).await;
+                        sweeper.sweep();
+                    }
+                });
+                Some(c)
             }
-            Err(e) => tracing::error!("consumer API not served: {e:#}"),
+            Err(e) => {
+                tracing::warn!(
+                    "hook claims unavailable ({e:#}): a second agent on this node (a rollout's) \
+                     would run the same hooks again"
+                );
+                None
+            }
         }
-    }
-    let _unbind = Unbind(args.socket.clone(), bound);
+    };
+    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone(), claims);
+    let hooks_in_flight = stdout.in_flight();
+    let hub = Hub::new(hub_config(&args), metrics.hub());
+    let api = api::Api::start(&args, &hub, &side);
     let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
         vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
             &hub,
@@ -272,17 +290,13 @@ async fn run_async(
     let ready = || {
         set_ready(&shared, body);
         control.ready(&hub);
-        if let Some(h) = &health {
-            h.set(true);
-        }
+        api.ready();
     };
     // NOT_SERVING from the moment the shutdown begins.
     let stopped = control.stopped();
     let stopped = async {
         stopped.await;
-        if let Some(h) = &health {
-            h.set(false);
-        }
+        api.stopping();
     };
     let discovery = Discovery {
         args: &args,
@@ -291,6 +305,15 @@ async fn run_async(
         nri_barrier,
     };
     discovery.run(backends, stdout, ready, stopped).await;
+    // Hooks claimed by this agent finish before it lets a successor in: a
+    // hook cut short would be run again by the successor.
+    let until = std::time::Instant::now() + args.hook_timeout;
+    while hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
+        && std::time::Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    api.close(&hub).await;
     Ok(())
 }
 
@@ -491,52 +514,6 @@ fn hub_config(args: &RunArgs) -> HubConfig {
         exempt_namespaces: exempt,
         ..HubConfig::default()
     }
-}
-
-/// Removes the consumer socket when `run` returns.
-struct Unbind(PathBuf, Option<(u64, u64)>);
-
-impl Drop for Unbind {
-    fn drop(&mut self) {
-        crate::grpc::unbind(&self.0, self.1);
-    }
-}
-
-/// Binds the consumer socket and serves it on its own thread; returns the
-/// socket's device and inode, and its health statuses.
-fn serve_api(
-    args: &RunArgs,
-    hub: std::sync::Arc<Hub>,
-) -> anyhow::Result<((u64, u64), crate::grpc::Health)> {
-    let group = match &args.socket_group {
-        None => None,
-        Some(g) => Some(match g.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => nix::unistd::Group::from_name(g)
-                .with_context(|| format!("looking up group {g}"))?
-                .with_context(|| format!("--socket-group {g}: no such group"))?
-                .gid
-                .as_raw(),
-        }),
-    };
-    let listener = crate::grpc::bind(&args.socket, group)?;
-    let id = {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(&args.socket)
-            .with_context(|| format!("stat {}", args.socket.display()))?;
-        (m.dev(), m.ino())
-    };
-    let health = crate::grpc::spawn(
-        listener,
-        args.socket.clone(),
-        hub,
-        crate::grpc::Auth {
-            uids: args.gate_allow_uids.clone(),
-            gids: args.gate_allow_gids.clone(),
-        },
-        args.gate_deadline.min(args.gate_max_deadline),
-    )?;
-    Ok((id, health))
 }
 
 fn set_ready(shared: &crate::serve::Endpoints, body: String) {

@@ -1,0 +1,541 @@
+//! Two agents on one node, as a surge rollout runs them: who serves the
+//! consumer socket, and how they share what must happen once.
+//!
+//! - **The lease** ([`Lease`]): an exclusive `flock(2)` on a file beside
+//!   the socket. The agent that holds it serves the socket; a new agent
+//!   that finds it held waits in *standby*. The kernel drops the lock when
+//!   its holder closes it or dies (even by SIGKILL), and the waiting agent
+//!   takes it at that instant.
+//! - **The mirror** ([`mirror`]): a standby agent follows the serving
+//!   agent's `Watch` from revision 0 and applies every change to its own
+//!   hub with the same revision, so that when it takes over, a consumer
+//!   resumes from its last revision with no change lost or repeated.
+//! - **Claims** ([`Claims`]): an action both agents would take for one
+//!   container (a hook, a Kubernetes Event) is claimed with a lock on a
+//!   file named after it. The first agent runs it and marks it done; the
+//!   other waits while it runs and skips it once done. A claim whose
+//!   holder died unfinished is taken over and run: an action may run twice
+//!   only when its first runner was killed while running it, never zero
+//!   times.
+//!
+//! The files live in the socket's directory (`/run/lookout` on a node),
+//! which both agents mount. They are created by root, 0600, never through
+//! a symbolic link.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use lookout_api::v1 as pb;
+use lookout_model::{Container, EventKind, Kubernetes, Namespaces, RuntimeKind, Source, Status};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::hub::{Change, Hub, Live};
+
+/// The message with which a shutting-down agent ends every `Watch`
+/// (`UNAVAILABLE`): a standby that reads it has every change its
+/// predecessor made.
+pub const CLOSING: &str = "the agent is shutting down";
+
+fn open_private(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc_o_nofollow())
+        .open(path)
+}
+
+/// `O_NOFOLLOW`: a symbolic link planted at a lease or claim path is
+/// refused, not followed.
+fn libc_o_nofollow() -> i32 {
+    nix::fcntl::OFlag::O_NOFOLLOW.bits()
+}
+
+/// The lease: held while this agent serves the consumer socket.
+#[derive(Debug)]
+pub struct Lease {
+    _lock: Flock<File>,
+}
+
+/// The lease file for the socket at `socket`: `.<name>.lease` beside it.
+pub fn lease_path(socket: &Path) -> PathBuf {
+    beside(socket, "lease")
+}
+
+fn beside(socket: &Path, what: &str) -> PathBuf {
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let name = socket
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "lookout.sock".into());
+    dir.join(format!(".{name}.{what}"))
+}
+
+impl Lease {
+    /// Takes the lease if nobody holds it; `None` if another agent does.
+    pub fn try_take(path: &Path) -> anyhow::Result<Option<Lease>> {
+        if let Some(dir) = path.parent()
+            && !dir.exists()
+        {
+            crate::grpc::create_socket_dir(dir, None)?;
+        }
+        let f = open_private(path).with_context(|| format!("opening {}", path.display()))?;
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(Lease::mark(lock))),
+            Err((_, Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e).with_context(|| format!("flock {}", path.display())),
+        }
+    }
+
+    /// Waits until the holder lets go (it exits, or dies), then takes the
+    /// lease. The wait is a blocking `flock(2)` on a thread of its own.
+    pub async fn wait(path: PathBuf) -> anyhow::Result<Lease> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("lookout-lease".into())
+            .spawn(move || {
+                let r = open_private(&path)
+                    .with_context(|| format!("opening {}", path.display()))
+                    .and_then(|f| {
+                        Flock::lock(f, FlockArg::LockExclusive)
+                            .map_err(|(_, e)| e)
+                            .with_context(|| format!("flock {}", path.display()))
+                    })
+                    .map(Lease::mark);
+                let _ = tx.send(r);
+            })
+            .context("spawning the lease thread")?;
+        rx.await.context("the lease thread ended")?
+    }
+
+    /// The holder's pid, as it wrote it (for logs).
+    pub fn holder(path: &Path) -> Option<u32> {
+        let s = std::fs::read_to_string(path).ok()?;
+        s.trim().parse().ok()
+    }
+
+    fn mark(mut lock: Flock<File>) -> Lease {
+        // The holder's pid, for the logs of the agent that waits.
+        let _ = lock.set_len(0);
+        let _ = lock.rewind();
+        let _ = writeln!(lock, "{}", std::process::id());
+        Lease { _lock: lock }
+    }
+}
+
+/// What [`Claims::once`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Once {
+    /// This agent ran it.
+    Ran,
+    /// Another agent had run it.
+    Done,
+    /// Another agent was still running it when the wait ended.
+    Busy,
+}
+
+/// Actions claimed once between the agents on a node (see the module
+/// docs).
+#[derive(Debug, Clone)]
+pub struct Claims {
+    dir: Arc<PathBuf>,
+}
+
+/// How long a claim file is kept after its last change: both agents reach
+/// a container's claims within seconds of each other (they see the same
+/// `create` and the same exit), so this is ample; each file costs the
+/// node's tmpfs a page.
+pub const CLAIM_TTL: Duration = Duration::from_secs(600);
+
+/// How often [`Claims::sweep`] runs.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+const DONE: &[u8] = b"done\n";
+
+impl Claims {
+    /// The claims beside the socket at `socket` (`.<name>.claims/`),
+    /// created 0700 if missing. Refused if it is not a directory of ours.
+    pub fn open(socket: &Path) -> anyhow::Result<Claims> {
+        let dir = beside(socket, "claims");
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) => {
+                if !m.is_dir()
+                    || m.uid() != nix::unistd::geteuid().as_raw()
+                    || m.mode() & 0o022 != 0
+                {
+                    anyhow::bail!(
+                        "{} is not a directory that only this user can write; not using it",
+                        dir.display()
+                    );
+                }
+            }
+            Err(_) => {
+                if let Some(parent) = dir.parent()
+                    && !parent.exists()
+                {
+                    crate::grpc::create_socket_dir(parent, None)?;
+                }
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dir)
+                    .or_else(|e| {
+                        // Another agent made it between the check and now.
+                        if e.kind() == std::io::ErrorKind::AlreadyExists {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
+                    })
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+        }
+        Ok(Claims { dir: Arc::new(dir) })
+    }
+
+    /// Runs `act` unless another agent ran it; waits (at most `wait`)
+    /// while another runs it. `key` names the action (see [`claim_key`]).
+    /// A claim that cannot be made (an I/O error) runs `act` anyway.
+    pub async fn once<F, Fut>(&self, key: &str, wait: Duration, act: F) -> Once
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let path = self.dir.join(key);
+        let until = Instant::now() + wait;
+        let mut f = match open_private(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(claim = %path.display(), %e, "cannot claim; running it anyway");
+                act().await;
+                return Once::Ran;
+            }
+        };
+        let mut lock = loop {
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => break lock,
+                Err((back, Errno::EWOULDBLOCK)) => {
+                    if Instant::now() >= until {
+                        return Once::Busy;
+                    }
+                    f = back;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err((_, e)) => {
+                    tracing::warn!(claim = %path.display(), %e, "cannot lock the claim; running it anyway");
+                    act().await;
+                    return Once::Ran;
+                }
+            }
+        };
+        let mut seen = Vec::new();
+        let _ = (&mut *lock).take(16).read_to_end(&mut seen);
+        if seen == DONE {
+            return Once::Done;
+        }
+        act().await;
+        let _ = lock.rewind();
+        let _ = lock.write_all(DONE);
+        Once::Ran
+    }
+
+    /// Removes claims unchanged for [`CLAIM_TTL`].
+    pub fn sweep(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&*self.dir) else {
+            return 0;
+        };
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > CLAIM_TTL);
+            if old && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// A claim's file name: the container id (when it is a plain one, else
+/// its digest) and a digest of `what` (the stage, and the hook as
+/// configured: a hook changed by the upgrade is another hook, and runs).
+pub fn claim_key(id: &str, what: &str) -> String {
+    use sha2::Digest;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let plain = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !id.starts_with('-');
+    let id = if plain {
+        id.to_owned()
+    } else {
+        format!("h{}", &hex(&sha2::Sha256::digest(id.as_bytes()))[..32])
+    };
+    let what = &hex(&sha2::Sha256::digest(what.as_bytes()))[..24];
+    format!("{id}.{what}")
+}
+
+/// Follows the serving agent's `Watch` into `hub` (which is in standby)
+/// until `stop` resolves and then until the stream ends, or for `drain`
+/// after `stop` at most. Returns whether the predecessor ended the stream
+/// itself ([`CLOSING`]) after its last change: then nothing it published
+/// is missing here.
+pub async fn mirror(
+    socket: PathBuf,
+    hub: Arc<Hub>,
+    stop: impl std::future::Future<Output = ()>,
+    drain: Duration,
+) -> bool {
+    tokio::pin!(stop);
+    let mut stopped_at: Option<tokio::time::Instant> = None;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let since = hub.revision_mirrored();
+        let stream = async {
+            let client = lookout_client::Client::connect_with(
+                &socket,
+                lookout_client::ConnectOptions::new().retry_for(Duration::ZERO),
+            )
+            .await
+            .ok()?;
+            client
+                .grpc()
+                .watch(pb::WatchRequest {
+                    since,
+                    filter: None,
+                })
+                .await
+                .ok()
+                .map(tonic::Response::into_inner)
+        };
+        let mut stream = tokio::select! {
+            s = stream => s,
+            () = &mut stop, if stopped_at.is_none() => {
+                stopped_at = Some(tokio::time::Instant::now());
+                continue;
+            }
+        };
+        let mut snapshot: Vec<Live> = Vec::new();
+        while let Some(s) = stream.as_mut() {
+            let deadline = stopped_at.map(|t| t + drain);
+            let message = tokio::select! {
+                m = s.message() => m,
+                () = &mut stop, if stopped_at.is_none() => {
+                    stopped_at = Some(tokio::time::Instant::now());
+                    continue;
+                }
+                () = sleep_until(deadline) => return false,
+            };
+            match message {
+                Ok(Some(e)) => {
+                    pause = Duration::from_millis(20);
+                    apply(&hub, e, &mut snapshot);
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    if status.code() == tonic::Code::Unavailable && status.message() == CLOSING {
+                        return true;
+                    }
+                    tracing::debug!(%status, "standby: the serving agent's watch ended");
+                    break;
+                }
+            }
+        }
+        if let Some(t) = stopped_at {
+            // The lease is ours: the predecessor is gone, or going without
+            // a clean end. Whatever it had not sent is lost to us.
+            if tokio::time::Instant::now() >= t + drain || stream.is_none() {
+                return false;
+            }
+        }
+        let wait = tokio::time::sleep(pause);
+        pause = (pause * 2).min(Duration::from_secs(1));
+        tokio::select! {
+            () = wait => {}
+            () = &mut stop, if stopped_at.is_none() => {
+                stopped_at = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+}
+
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One `WatchEvent` of the serving agent, applied to the standby hub.
+fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
+    use pb::watch_event::Kind;
+    let kind = Kind::try_from(e.kind).ok();
+    match kind {
+        Some(Kind::Snapshot) => {
+            if let Some(c) = e.container {
+                snapshot.push(live_of(c));
+            }
+        }
+        Some(Kind::SnapshotEnd) => hub.mirror_snapshot(e.revision, std::mem::take(snapshot)),
+        Some(k @ (Kind::Added | Kind::Removed)) => {
+            let Some(c) = e.container else { return };
+            hub.mirror_change(Change {
+                revision: e.revision,
+                kind: if k == Kind::Added {
+                    EventKind::Added
+                } else {
+                    EventKind::Removed
+                },
+                live: live_of(c),
+                exit_code: e.exit_code,
+                reason: Some(e.reason).filter(|r| !r.is_empty()),
+                monotonic_ns: e.monotonic_ns,
+            });
+        }
+        _ => tracing::debug!(kind = e.kind, "standby: skipping an unknown watch event"),
+    }
+}
+
+/// A container as the wire carries it, back in the agent's form.
+pub fn live_of(c: pb::Container) -> Live {
+    let mut m = Container::new(c.id, RuntimeKind::from_binary_name(&c.runtime));
+    m.pid = Some(c.pid).filter(|p| *p != 0);
+    m.status = match c.status.as_str() {
+        "created" => Status::Created,
+        "running" => Status::Running,
+        "stopped" => Status::Stopped,
+        _ => Status::Running,
+    };
+    m.bundle = Some(PathBuf::from(c.bundle)).filter(|b| !b.as_os_str().is_empty());
+    m.cgroup = Some(c.cgroup).filter(|s| !s.is_empty());
+    m.sandbox = Some(c.sandbox).filter(|s| !s.is_empty());
+    m.pod_sandbox = c.pod_sandbox;
+    m.annotations = c.annotations.into_iter().collect();
+    m.args = c.args;
+    m.kubernetes = c.kubernetes.map(|k| {
+        let mut out = Kubernetes::default();
+        let some = |s: String| Some(s).filter(|s| !s.is_empty());
+        out.namespace = some(k.namespace);
+        out.pod = some(k.pod);
+        out.pod_uid = some(k.pod_uid);
+        out.container = some(k.container);
+        out.image = some(k.image);
+        out.labels = k.labels.into_iter().collect();
+        out
+    });
+    if let Some(ns) = c.namespaces {
+        let mut n = Namespaces::default();
+        n.mnt = Some(ns.mnt).filter(|x| *x != 0);
+        n.pid = Some(ns.pid).filter(|x| *x != 0);
+        n.net = Some(ns.net).filter(|x| *x != 0);
+        m.namespaces = n;
+    }
+    Live {
+        container: Arc::new(m),
+        source: source_of(&c.source),
+        added_monotonic_ns: c.added_monotonic_ns,
+        added_unix_ms: c.added_unix_ms,
+    }
+}
+
+fn source_of(s: &str) -> Source {
+    [
+        Source::RuntimeHook,
+        Source::StateScan,
+        Source::Informer,
+        Source::Nri,
+        Source::NriSync,
+    ]
+    .into_iter()
+    .find(|x| x.to_string() == s)
+    .unwrap_or(Source::StateScan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_keys_are_plain_file_names_and_differ_by_action() {
+        let a = claim_key("abc123", "prestart sh -c true");
+        let b = claim_key("abc123", "prestart sh -c false");
+        assert_ne!(a, b);
+        assert!(a.starts_with("abc123."), "{a}");
+        for hostile in ["../../etc/passwd", "", "-rf", "a/b", &"x".repeat(300)] {
+            let k = claim_key(hostile, "x");
+            assert!(
+                !k.contains('/') && !k.starts_with('-') && k.len() < 80,
+                "{k}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_runs_once_and_the_second_waits_for_the_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Claims::open(&dir.path().join("s.sock")).expect("claims");
+        let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let run = |runs: Arc<std::sync::atomic::AtomicU32>| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        };
+        let (a, b) = tokio::join!(
+            claims.once("k1", Duration::from_secs(5), || run(Arc::clone(&runs))),
+            claims.once("k1", Duration::from_secs(5), || run(Arc::clone(&runs))),
+        );
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let mut outcomes = [a, b];
+        outcomes.sort_by_key(|o| *o as u8);
+        assert_eq!(outcomes, [Once::Ran, Once::Done]);
+        // Busy: the other holds it past the wait.
+        let slow = claims.once("k2", Duration::from_secs(5), || async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            claims
+                .once("k2", Duration::from_millis(50), || async {
+                    panic!("runs while held")
+                })
+                .await
+        };
+        let (_, q) = tokio::join!(slow, quick);
+        assert_eq!(q, Once::Busy);
+    }
+
+    #[test]
+    fn the_lease_is_exclusive_and_free_once_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = lease_path(&dir.path().join("s.sock"));
+        let first = Lease::try_take(&path).expect("take").expect("free");
+        assert_eq!(Lease::holder(&path), Some(std::process::id()));
+        // flock locks belong to the open file description: a second open
+        // in this process conflicts like another process would.
+        assert!(Lease::try_take(&path).expect("take").is_none());
+        drop(first);
+        assert!(Lease::try_take(&path).expect("take").is_some());
+    }
+
+    #[test]
+    fn a_symlink_at_the_lease_path_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = lease_path(&dir.path().join("s.sock"));
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).expect("symlink");
+        assert!(Lease::try_take(&path).is_err());
+        assert!(!dir.path().join("elsewhere").exists());
+    }
+}

@@ -1,0 +1,232 @@
+//! The consumer API's life in `lookout run`: served at once when this
+//! agent takes the lease, or after a standby while another agent (the old
+//! one of a surge rollout) serves the socket; and handed over in order at
+//! shutdown (see [`crate::handover`]).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::RunArgs;
+use crate::grpc::{Auth, Health};
+use crate::handover::{self, Lease};
+use crate::hub::Hub;
+
+/// How long a new agent reads its predecessor's last changes after it
+/// got the lease, when the predecessor did not end the stream itself.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// How long a shutting-down agent waits for its consumers' streams to be
+/// written out before it lets its successor in.
+const FLUSH: Duration = Duration::from_secs(2);
+
+/// What serving the socket needs from the flags.
+#[derive(Clone)]
+struct Config {
+    socket: PathBuf,
+    group: Option<String>,
+    auth: Auth,
+    default_deadline: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    health: Option<Health>,
+    /// The socket's device and inode, once bound.
+    bound: Option<(u64, u64)>,
+    lease: Option<Lease>,
+    ready: bool,
+    stopping: bool,
+}
+
+/// The consumer API of one `lookout run`.
+#[derive(Clone)]
+pub(super) struct Api {
+    config: Option<Config>,
+    state: Arc<Mutex<State>>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Api {
+    /// Serves the socket now, or stands by (the hub too) while another
+    /// agent holds the lease, then takes over on `side`. Nothing when
+    /// `--no-socket`. The API is a consumer like any other: when it cannot
+    /// be served, discovery goes on.
+    pub(super) fn start(args: &RunArgs, hub: &Arc<Hub>, side: &tokio::runtime::Handle) -> Api {
+        let config = (!args.no_socket).then(|| Config {
+            socket: args.socket.clone(),
+            group: args.socket_group.clone(),
+            auth: Auth {
+                uids: args.gate_allow_uids.clone(),
+                gids: args.gate_allow_gids.clone(),
+            },
+            default_deadline: args.gate_deadline.min(args.gate_max_deadline),
+        });
+        let api = Api {
+            config,
+            state: Arc::new(Mutex::new(State::default())),
+        };
+        let Some(config) = &api.config else {
+            return api;
+        };
+        let lease_file = handover::lease_path(&config.socket);
+        match Lease::try_take(&lease_file) {
+            Ok(Some(lease)) => {
+                lock(&api.state).lease = Some(lease);
+                api.serve(hub);
+            }
+            Ok(None) => {
+                hub.stand_by();
+                tracing::info!(
+                    socket = %config.socket.display(),
+                    serving_pid = Lease::holder(&lease_file),
+                    "another agent serves the consumer socket; standing by to take it over \
+                     when it stops (its changes are mirrored here, so that revisions go on)"
+                );
+                let (api, hub) = (api.clone(), Arc::clone(hub));
+                side.spawn(async move { api.stand_by(hub, lease_file).await });
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot use the lease {} ({e:#}); serving the socket without one (a second \
+                     agent on this node takes it over at once)",
+                    lease_file.display()
+                );
+                api.serve(hub);
+            }
+        }
+        api
+    }
+
+    /// Binds and serves the socket.
+    fn serve(&self, hub: &Arc<Hub>) {
+        let Some(config) = &self.config else { return };
+        match serve(config, Arc::clone(hub)) {
+            Ok((id, health)) => {
+                let mut s = lock(&self.state);
+                health.set(s.ready && !s.stopping);
+                s.bound = Some(id);
+                s.health = Some(health);
+            }
+            Err(e) => tracing::error!("consumer API not served: {e:#}"),
+        }
+    }
+
+    /// Mirrors the serving agent until the lease is ours, then takes over.
+    async fn stand_by(self, hub: Arc<Hub>, lease_file: PathBuf) {
+        let Some(socket) = self.config.as_ref().map(|c| c.socket.clone()) else {
+            return;
+        };
+        let (got, lease_taken) = tokio::sync::oneshot::channel::<()>();
+        let lease = async {
+            let lease = Lease::wait(lease_file).await;
+            let _ = got.send(());
+            lease
+        };
+        let mirror = handover::mirror(
+            socket,
+            Arc::clone(&hub),
+            async {
+                let _ = lease_taken.await;
+            },
+            DRAIN,
+        );
+        let (lease, clean) = tokio::join!(lease, mirror);
+        let lease = match lease {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("consumer API not served: waiting for the lease: {e:#}");
+                return;
+            }
+        };
+        let got_at = Instant::now();
+        if lock(&self.state).stopping {
+            return;
+        }
+        let t = hub.take_over(clean);
+        lock(&self.state).lease = Some(lease);
+        self.serve(&hub);
+        tracing::info!(
+            clean,
+            predecessor_last_revision = t.mirrored,
+            next_revision = t.next,
+            added = t.added,
+            removed = t.removed,
+            took_ms = got_at.elapsed().as_millis() as u64,
+            "took the consumer socket over from the agent that served it"
+        );
+    }
+
+    /// Discovery runs.
+    pub(super) fn ready(&self) {
+        let mut s = lock(&self.state);
+        s.ready = true;
+        if let Some(h) = &s.health {
+            h.set(!s.stopping);
+        }
+    }
+
+    /// The shutdown began: NOT_SERVING.
+    pub(super) fn stopping(&self) {
+        let mut s = lock(&self.state);
+        s.stopping = true;
+        if let Some(h) = &s.health {
+            h.set(false);
+        }
+    }
+
+    /// After discovery stopped: every watcher gets its last changes and
+    /// the end of its stream (a successor's mirror reads that it has them
+    /// all), the socket goes if it is still ours, and then the lease, at
+    /// which instant a successor takes over.
+    pub(super) async fn close(self, hub: &Hub) {
+        hub.close();
+        let until = Instant::now() + FLUSH;
+        while hub.watches_open() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The last frames leave the API's thread after its stream ends.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut s = lock(&self.state);
+        if let Some(c) = &self.config {
+            crate::grpc::unbind(&c.socket, s.bound);
+        }
+        s.lease = None;
+    }
+}
+
+/// Binds the consumer socket and serves it on its own thread; returns the
+/// socket's device and inode, and its health statuses.
+fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)> {
+    let group = match &config.group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => nix::unistd::Group::from_name(g)
+                .with_context(|| format!("looking up group {g}"))?
+                .with_context(|| format!("--socket-group {g}: no such group"))?
+                .gid
+                .as_raw(),
+        }),
+    };
+    let listener = crate::grpc::bind(&config.socket, group)?;
+    let id = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&config.socket)
+            .with_context(|| format!("stat {}", config.socket.display()))?;
+        (m.dev(), m.ino())
+    };
+    let health = crate::grpc::spawn(
+        listener,
+        config.socket.clone(),
+        hub,
+        config.auth.clone(),
+        config.default_deadline,
+    )?;
+    Ok((id, health))
+}
