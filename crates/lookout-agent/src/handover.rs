@@ -390,7 +390,14 @@ fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
                 snapshot.push(live_of(c));
             }
         }
-        Some(Kind::SnapshotEnd) => hub.mirror_snapshot(e.revision, std::mem::take(snapshot)),
+        Some(Kind::SnapshotEnd) => {
+            tracing::info!(
+                revision = e.revision,
+                containers = snapshot.len(),
+                "standby: mirroring the serving agent's changes from its snapshot"
+            );
+            hub.mirror_snapshot(e.revision, std::mem::take(snapshot));
+        }
         Some(k @ (Kind::Added | Kind::Removed)) => {
             let Some(c) = e.container else { return };
             hub.mirror_change(Change {

@@ -1,0 +1,413 @@
+//! Upgrades on real runc: two agents at once, as a surge rollout runs them
+//! (the old one serving the socket, the new one standing by), the old one
+//! stopped or killed, and what consumers, hooks and gates see meanwhile.
+//! Root only; each test its own runc copy, socket and directory.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lookout_client::{Client, Event, Filter};
+use lookout_testsupport::bundle;
+
+mod common;
+use common::*;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Every event a `lookout_client` watcher passes on, from revision 0,
+/// across reconnects (the client resumes by itself).
+struct Seen {
+    events: Arc<Mutex<Vec<Event>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Seen {
+    fn start(rt: &tokio::runtime::Runtime, socket: &Path) -> Seen {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&events);
+        let socket = socket.to_owned();
+        let task = rt.spawn(async move {
+            let client = Client::connect(&socket).await.expect("connect");
+            let mut w = client.watch(Filter::all()).await.expect("watch");
+            loop {
+                match w.next().await {
+                    Ok(e) => sink.lock().expect("lock").push(e),
+                    Err(e) => panic!("the watcher gave up: {e}"),
+                }
+            }
+        });
+        Seen { events, task }
+    }
+
+    fn all(&self) -> Vec<Event> {
+        self.events.lock().expect("lock").clone()
+    }
+
+    /// (Added, Removed) counts for `id`.
+    fn count(&self, id: &str) -> (usize, usize) {
+        let mut n = (0, 0);
+        for e in self.all() {
+            match e {
+                Event::Added { container, .. } if container.id == id => n.0 += 1,
+                Event::Removed { container, .. } if container.id == id => n.1 += 1,
+                _ => {}
+            }
+        }
+        n
+    }
+
+    fn wait_removed(&self, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.count(id).1 == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the watcher never saw {id} removed: {:?}",
+                self.all()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Creates and starts `id` (a container that exits at once).
+fn one_shot(rt: &Runtime, bundle: &Path, id: &str) {
+    rt.ok(&["create", "--bundle", bundle.to_str().expect("utf-8"), id]);
+    rt.ok(&["start", id]);
+}
+
+/// Lines of `log` that mention `id` and start with `stage`.
+fn hook_runs(log: &Path, stage: &str, id: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(stage) && l.contains(&format!("\"{id}\"")))
+        .count()
+}
+
+/// The pid serving `socket`, once a `List` through it answers.
+fn served_by(tokio: &tokio::runtime::Runtime, socket: &Path) -> Option<i32> {
+    let conn = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    drop(conn);
+    let listed = tokio.block_on(async {
+        let options = lookout_client::ConnectOptions::new().retry_for(Duration::ZERO);
+        let c = Client::connect_with(socket, options).await.ok()?;
+        tokio::time::timeout(Duration::from_secs(2), c.list(Filter::all()))
+            .await
+            .ok()?
+            .ok()
+    });
+    listed.map(|_| cred.pid())
+}
+
+/// Waits until `socket` is served by `pid`; the time it took.
+fn until_served_by(tokio: &tokio::runtime::Runtime, socket: &Path, pid: u32) -> Duration {
+    let t = Instant::now();
+    loop {
+        if served_by(tokio, socket) == Some(pid as i32) {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the socket was not served by pid {pid} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Signals the agent and waits for its exit (polling every millisecond,
+/// so that the exit is timed to within one).
+fn signal_and_reap(agent: &mut Agent, signal: i32) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(agent.child.id() as i32, signal) };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = agent.child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not exit on signal {signal}:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+struct Setup {
+    rt: Runtime,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    hooks_log: PathBuf,
+    bundle: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let rt = Runtime::runc();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("api/lookout.sock");
+        let hooks_log = dir.path().join("hooks.log");
+        let bundle = dir.path().join("b");
+        bundle::busybox(&bundle, &["true"], |_| {});
+        Setup {
+            rt,
+            dir,
+            socket,
+            hooks_log,
+            bundle,
+        }
+    }
+
+    /// An agent on the shared socket, with a prestart and a poststop hook
+    /// that append the OCI state to the hooks log.
+    fn agent(&self) -> Agent {
+        let log = self.hooks_log.to_str().expect("utf-8");
+        let pre = format!("(printf 'pre '; cat; echo) >> {log}");
+        let post = format!("(printf 'post '; cat; echo) >> {log}");
+        Agent::start(
+            &self.rt,
+            &[
+                "--socket",
+                self.socket.to_str().expect("utf-8"),
+                "--prestart",
+                &pre,
+                "--poststop",
+                &post,
+            ],
+        )
+    }
+}
+
+/// A surge rollout on one node: the new agent stands by while the old one
+/// serves; a container started in the overlap gets each hook once (not
+/// once per agent); at the old agent's SIGTERM the new one serves the
+/// socket at once, and a `lookout_client` watcher sees every change
+/// exactly once across the two processes, with no second snapshot.
+#[test]
+fn a_surge_rollout_hands_over_with_every_change_and_every_hook_once() {
+    if !ready("upgrade_surge") {
+        return;
+    }
+    let s = Setup::new();
+    let tokio = runtime();
+    let ids: Vec<String> = ["before", "overlap", "after"]
+        .iter()
+        .map(|w| format!("{}-{w}", id("surge")))
+        .collect();
+
+    let mut old = s.agent();
+    let seen = Seen::start(&tokio, &s.socket);
+    one_shot(&s.rt, &s.bundle, &ids[0]);
+    seen.wait_removed(&ids[0]);
+
+    let new = s.agent();
+    new.wait_log("standing by", Duration::from_secs(5));
+    assert_eq!(
+        served_by(&tokio, &s.socket),
+        Some(old.child.id() as i32),
+        "the old agent keeps the socket while it runs"
+    );
+    // In the overlap both agents hold the start and report the container.
+    one_shot(&s.rt, &s.bundle, &ids[1]);
+    old.wait_event(&ids[1], "added", Duration::from_secs(5));
+    new.wait_event(&ids[1], "added", Duration::from_secs(5));
+    seen.wait_removed(&ids[1]);
+
+    let status = signal_and_reap(&mut old, libc::SIGTERM);
+    assert!(status.success(), "the old agent exits cleanly:\n{}", old.log());
+    let handover = until_served_by(&tokio, &s.socket, new.child.id());
+    println!("upgrade: socket served by the new agent {handover:?} after the old one exited");
+    assert!(
+        handover < Duration::from_secs(1),
+        "the new agent served the socket {handover:?} after the old one exited:\n{}",
+        new.log()
+    );
+    new.wait_log("took the consumer socket over", Duration::from_secs(5));
+    assert!(
+        new.log().contains("clean=true"),
+        "the old agent ended its watches after its last change:\n{}",
+        new.log()
+    );
+
+    one_shot(&s.rt, &s.bundle, &ids[2]);
+    seen.wait_removed(&ids[2]);
+    for id in &ids {
+        s.rt.cleanup(id);
+    }
+
+    let all = seen.all();
+    seen.task.abort();
+    for id in &ids {
+        assert_eq!(seen.count(id), (1, 1), "{id} added and removed once each: {all:?}");
+    }
+    let snapshots = all
+        .iter()
+        .filter(|e| matches!(e, Event::Snapshot { .. }))
+        .count();
+    assert_eq!(snapshots, 1, "the first only: {all:?}");
+    let revisions: Vec<u64> = all.iter().map(Event::revision).collect();
+    assert!(
+        revisions.windows(2).all(|w| w[0] < w[1]),
+        "revisions grow across the handover: {revisions:?}"
+    );
+
+    // Each hook once per container, whichever agent ran it.
+    let (_, new_log) = new.stop();
+    for id in &ids {
+        for stage in ["pre", "post"] {
+            assert_eq!(
+                hook_runs(&s.hooks_log, stage, id),
+                1,
+                "{stage} hook of {id}:\n{}\nnew agent:\n{new_log}",
+                std::fs::read_to_string(&s.hooks_log).unwrap_or_default()
+            );
+        }
+    }
+    assert!(!s.socket.exists(), "the last agent removes its socket");
+    let stray: Vec<String> = std::fs::read_dir(s.dir.path().join("api"))
+        .expect("the socket's directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lease") && !n.ends_with(".claims"))
+        .collect();
+    assert!(stray.is_empty(), "no temporary socket left behind: {stray:?}");
+}
+
+/// The old agent killed (`kill -9`) in the overlap: the standby takes over
+/// the instant the kernel drops the dead agent's lease. Then the only
+/// agent killed with none standing by: the socket and discovery are back
+/// when a new agent has started (the kubelet's restart), and a container
+/// created meanwhile is found by its start-up scan, late. Both windows are
+/// measured and printed (docs/operations.md keeps the figures).
+#[test]
+fn a_killed_agent_is_replaced_by_its_standby_at_once_and_restarted_after_a_gap() {
+    if !ready("upgrade_kill") {
+        return;
+    }
+    let s = Setup::new();
+    let tokio = runtime();
+    let ids: Vec<String> = ["a", "b", "gap"]
+        .iter()
+        .map(|w| format!("{}-{w}", id("kill")))
+        .collect();
+
+    let mut old = s.agent();
+    let seen = Seen::start(&tokio, &s.socket);
+    one_shot(&s.rt, &s.bundle, &ids[0]);
+    seen.wait_removed(&ids[0]);
+    let mut new = s.agent();
+    new.wait_log("standing by", Duration::from_secs(5));
+    // Mirroring before the kill: the standby has the changes so far.
+    new.wait_log("standby: mirroring", Duration::from_secs(5));
+    signal_and_reap(&mut old, libc::SIGKILL);
+    let to_standby = until_served_by(&tokio, &s.socket, new.child.id());
+    println!("upgrade: kill -9 with a standby: socket served again after {to_standby:?}");
+    assert!(
+        to_standby < Duration::from_secs(1),
+        "{to_standby:?}:\n{}",
+        new.log()
+    );
+    one_shot(&s.rt, &s.bundle, &ids[1]);
+    seen.wait_removed(&ids[1]);
+    for id in &ids[..2] {
+        assert_eq!(seen.count(id), (1, 1), "{id}: {:?}", seen.all());
+    }
+
+    // No standby: the gap lasts until a new agent has started.
+    signal_and_reap(&mut new, libc::SIGKILL);
+    let killed = Instant::now();
+    let mut created = s.rt.command();
+    created.args([
+        "create",
+        "--bundle",
+        s.bundle.to_str().expect("utf-8"),
+        &ids[2],
+    ]);
+    assert!(created.status().expect("runc create").success());
+    let restarted = s.agent();
+    until_served_by(&tokio, &s.socket, restarted.child.id());
+    let window = killed.elapsed();
+    println!(
+        "upgrade: kill -9 without a standby: socket and discovery back after {window:?} \
+         (the agent's start-up; the kubelet's restart delay comes on top)"
+    );
+    let found = restarted.wait_event(&ids[2], "added", Duration::from_secs(5));
+    assert_eq!(
+        found["source"], "state-scan",
+        "a container created in the gap is found by the start-up scan: {found}"
+    );
+    s.rt.cleanup(&ids[2]);
+    seen.task.abort();
+}
+
+/// Revisions, not wall time, order the two processes' changes: a map kept
+/// by a consumer across the handover equals the new agent's `List`.
+#[test]
+fn a_consumers_map_kept_across_the_handover_equals_the_new_agents_list() {
+    if !ready("upgrade_map") {
+        return;
+    }
+    let s = Setup::new();
+    let tokio = runtime();
+    let mut old = s.agent();
+    let seen = Seen::start(&tokio, &s.socket);
+    // Long-running containers: some created before, some in the overlap.
+    let sleeper = s.dir.path().join("sleeper");
+    bundle::busybox(&sleeper, &["sleep", "600"], |_| {});
+    let ids: Vec<String> = (0..4).map(|i| format!("{}-{i}", id("map"))).collect();
+    for id in &ids[..2] {
+        one_shot(&s.rt, &sleeper, id);
+    }
+    let new = s.agent();
+    new.wait_log("standing by", Duration::from_secs(5));
+    for id in &ids[2..] {
+        one_shot(&s.rt, &sleeper, id);
+    }
+    s.rt.ok(&["kill", &ids[0], "KILL"]);
+    seen.wait_removed(&ids[0]);
+    signal_and_reap(&mut old, libc::SIGTERM);
+    until_served_by(&tokio, &s.socket, new.child.id());
+    s.rt.ok(&["kill", &ids[2], "KILL"]);
+    seen.wait_removed(&ids[2]);
+
+    let mut map: HashMap<String, ()> = HashMap::new();
+    for e in seen.all() {
+        match e {
+            Event::Snapshot { containers, .. } => {
+                map = containers.into_iter().map(|c| (c.id, ())).collect();
+            }
+            Event::Added { container, .. } => {
+                map.insert(container.id, ());
+            }
+            Event::Removed { container, .. } => {
+                map.remove(&container.id);
+            }
+            _ => {}
+        }
+    }
+    seen.task.abort();
+    let listed: Vec<String> = tokio.block_on(async {
+        let c = Client::connect(&s.socket).await.expect("connect");
+        let (_, l) = c.list(Filter::all()).await.expect("list");
+        l.into_iter().map(|c| c.id).collect()
+    });
+    for id in &ids {
+        s.rt.cleanup(id);
+    }
+    let mut kept: Vec<String> = map.into_keys().collect();
+    kept.sort();
+    let mut listed = listed;
+    listed.sort();
+    assert_eq!(kept, listed);
+    assert_eq!(kept, [ids[1].clone(), ids[3].clone()]);
+}
