@@ -18,6 +18,17 @@
 //!   only when its first runner was killed while running it, never zero
 //!   times.
 //!
+//! - **The book** ([`Book`]): the serving agent's gate subscriptions, for
+//!   its successor. While it stands by, a new agent lets every start go on
+//!   at once: the serving agent holds it too, and its gates decide (the
+//!   kernel asks one fanotify group after the other, so neither may wait
+//!   for the other's answer). At the handover the old agent goes on
+//!   deciding until the new one serves, with the old one's gates parked:
+//!   their subscribers (disconnected by the old agent's exit) find their
+//!   holds waiting, and each gate's failure policy decides the holds of a
+//!   subscriber that does not come back. No start escapes a fail-closed
+//!   gate during an upgrade.
+//!
 //! The files live in the socket's directory (`/run/lookout` on a node),
 //! which both agents mount. They are created by root, 0600, never through
 //! a symbolic link.
@@ -35,7 +46,7 @@ use lookout_model::{Container, EventKind, Kubernetes, Namespaces, RuntimeKind, S
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::hub::{Change, Hub, Live};
+use crate::hub::{Change, FailurePolicy, Filter, Hub, Live, Subscription};
 
 /// The message with which a shutting-down agent ends every `Watch`
 /// (`UNAVAILABLE`): a standby that reads it has every change its
@@ -129,6 +140,45 @@ impl Lease {
         let _ = writeln!(lock, "{}", std::process::id());
         Lease { _lock: lock }
     }
+}
+
+/// The standby marker beside `socket`: `.<name>.standby`, holding the
+/// pid of the agent that waits for the lease. The serving agent, when it
+/// stops, waits for that agent to serve before it stops deciding starts.
+fn standby_path(socket: &Path) -> PathBuf {
+    beside(socket, "standby")
+}
+
+/// Marks this process as the one waiting for the lease.
+pub fn mark_standby(socket: &Path) {
+    let pid = format!("{}\n", std::process::id());
+    if let Err(e) = write_whole(&standby_path(socket), pid.as_bytes()) {
+        tracing::warn!(%e, "cannot mark this agent as standing by; the serving agent will not wait for it");
+    }
+}
+
+/// Removes this process's standby mark (it serves now, or stops).
+pub fn unmark_standby(socket: &Path) {
+    let path = standby_path(socket);
+    let ours = read_limited(&path, 32)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        == Some(std::process::id());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The pid of another live agent standing by for the socket, if any.
+pub fn successor(socket: &Path) -> Option<u32> {
+    let pid: u32 = read_limited(&standby_path(socket), 32)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.trim().parse().ok())?;
+    let alive = i32::try_from(pid)
+        .ok()
+        .filter(|p| *p > 0)
+        .is_some_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok());
+    (alive && pid != std::process::id()).then_some(pid)
 }
 
 /// What [`Claims::once`] did.
@@ -265,6 +315,137 @@ impl Claims {
             }
         }
         removed
+    }
+}
+
+/// Writes `path` through a temporary file renamed over it, 0600.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc_o_nofollow())
+        .open(&tmp)?;
+    let written = f.write_all(bytes);
+    drop(f);
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The file at `path` (never through a symbolic link), at most `limit`
+/// bytes; `None` if it is missing, unreadable or longer.
+fn read_limited(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(path)
+        .ok()?;
+    let mut out = Vec::new();
+    f.take(limit + 1).read_to_end(&mut out).ok()?;
+    (out.len() as u64 <= limit).then_some(out)
+}
+
+/// What a serving agent leaves for its successor (see the module docs):
+/// `.<socket>.gates` beside the socket.
+#[derive(Debug, Clone)]
+pub struct Book {
+    gates: PathBuf,
+}
+
+/// The gates file's form of a subscription.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct GateEntry {
+    name: String,
+    deadline_ms: u64,
+    fail_closed: bool,
+    runtimes: Vec<String>,
+    namespaces: Vec<String>,
+    pod_labels: Vec<(String, String)>,
+    annotations: Vec<(String, String)>,
+}
+
+/// The gates file's limit: 64 subscribers with the largest filters fit.
+const GATES_LIMIT: u64 = 64 << 20;
+
+impl Book {
+    /// The book beside `socket`.
+    pub fn new(socket: &Path) -> Book {
+        Book {
+            gates: beside(socket, "gates"),
+        }
+    }
+
+    /// Records the gate subscriptions in force.
+    pub fn write_gates(&self, subs: &[Subscription]) {
+        let entries: Vec<GateEntry> = subs
+            .iter()
+            .map(|s| GateEntry {
+                name: s.name.clone(),
+                deadline_ms: s.deadline.as_millis() as u64,
+                fail_closed: s.on_failure == FailurePolicy::Closed,
+                runtimes: s.filter.runtimes.clone(),
+                namespaces: s.filter.namespaces.clone(),
+                pod_labels: s.filter.pod_labels.clone(),
+                annotations: s.filter.annotations.clone(),
+            })
+            .collect();
+        let result = serde_json::to_vec(&entries)
+            .map_err(std::io::Error::other)
+            .and_then(|b| write_whole(&self.gates, &b));
+        if let Err(e) = result {
+            tracing::warn!(
+                file = %self.gates.display(),
+                %e,
+                "cannot record the gate subscriptions for a successor"
+            );
+        }
+    }
+
+    /// The gate subscriptions the serving agent recorded (none if it
+    /// recorded none, or the file is unreadable: that is logged).
+    pub fn read_gates(&self) -> Vec<Subscription> {
+        let Some(bytes) = read_limited(&self.gates, GATES_LIMIT) else {
+            return Vec::new();
+        };
+        match serde_json::from_slice::<Vec<GateEntry>>(&bytes) {
+            Ok(entries) => entries
+                .into_iter()
+                .map(|e| Subscription {
+                    name: e.name,
+                    filter: Filter {
+                        runtimes: e.runtimes,
+                        namespaces: e.namespaces,
+                        pod_labels: e.pod_labels,
+                        annotations: e.annotations,
+                    },
+                    deadline: Duration::from_millis(e.deadline_ms),
+                    on_failure: if e.fail_closed {
+                        FailurePolicy::Closed
+                    } else {
+                        FailurePolicy::Open
+                    },
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(
+                    file = %self.gates.display(),
+                    %e,
+                    "the serving agent's gate subscriptions are unreadable; ignored"
+                );
+                Vec::new()
+            }
+        }
     }
 }
 

@@ -515,7 +515,11 @@ impl Dispatcher {
                             match &d.claims {
                                 // One Event a container, whichever agent posts it.
                                 Some(claims) => {
-                                    let key = claim_key(&e.container.id, "kubernetes-event");
+                                    let what = format!(
+                                        "kubernetes-event {}",
+                                        e.container.pid.unwrap_or(0)
+                                    );
+                                    let key = claim_key(&e.container.id, &what);
                                     claims.once(&key, EVENT_WAIT, post).await;
                                 }
                                 None => post().await,
@@ -647,8 +651,11 @@ impl Dispatcher {
             // The hook as configured names the claim: the same hook in
             // the other agent of a rollout is this one, a changed one is
             // another (and runs).
+            // The init pid too: a container created again under the same
+            // id (runc lets a name be reused) is another container.
             let what = format!(
-                "{stage} {name} {}",
+                "{stage} {} {name} {}",
+                c.pid.unwrap_or(0),
                 serde_json::to_string(&hook).unwrap_or_default()
             );
             // Wait while the other agent runs it: its timeout, and a margin.

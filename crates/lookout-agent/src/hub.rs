@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, EventKind, Sink, Source, Status};
@@ -23,6 +23,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::handover::Book;
 
 /// Which containers a consumer wants: every field that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -256,6 +258,8 @@ impl Drop for Registration {
         let mut g = lock(&self.hub.gates);
         g.retain(|s| s.id != self.id);
         self.hub.metrics.subscribers.set(g.len() as i64);
+        drop(g);
+        self.hub.write_book();
     }
 }
 
@@ -402,6 +406,18 @@ pub struct Hub {
     metrics: HubMetrics,
     /// [`Watch`]es not yet dropped.
     open_watches: Arc<AtomicU64>,
+    /// Starts held for gates ([`Hub::starts_waiting`]).
+    waiting: Arc<AtomicU64>,
+    /// Where the gate subscriptions are recorded for a successor, and
+    /// read from a predecessor ([`Hub::keep_book`]).
+    book: OnceLock<Book>,
+    /// Orders the gates file's writes: (generations taken, written).
+    book_generation: AtomicU64,
+    book_written: Mutex<u64>,
+    /// A predecessor's gate subscriptions, registered at the takeover and
+    /// waiting for their subscribers to come back, by name: the receiving
+    /// end of each one's queue.
+    parked: Mutex<HashMap<String, (u64, mpsc::Receiver<HoldRequest>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -443,6 +459,11 @@ impl Hub {
             next_id: AtomicU64::new(1),
             metrics,
             open_watches: Arc::new(AtomicU64::new(0)),
+            waiting: Arc::new(AtomicU64::new(0)),
+            book: OnceLock::new(),
+            book_generation: AtomicU64::new(0),
+            book_written: Mutex::new(0),
+            parked: Mutex::new(HashMap::new()),
         })
     }
 
@@ -546,9 +567,29 @@ impl Hub {
                 max: self.config.max_subscribers,
             });
         }
+        let deadline = sub.deadline;
+        // A predecessor's subscription of the same name, parked at the
+        // takeover: this subscriber takes its place, and the holds queued
+        // for it meanwhile.
+        let parked = lock(&self.parked).remove(&sub.name);
+        if let Some((id, rx)) = parked
+            && let Some(s) = g.iter_mut().find(|s| s.id == id)
+        {
+            tracing::info!(gate = sub.name, "gate subscriber back after the takeover");
+            s.sub = sub;
+            drop(g);
+            self.write_book();
+            return Ok(GateSubscriber {
+                holds: rx,
+                deadline,
+                _registration: Registration {
+                    hub: Arc::clone(self),
+                    id,
+                },
+            });
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(256);
-        let deadline = sub.deadline;
         g.push(Subscriber {
             id,
             sub,
@@ -556,6 +597,8 @@ impl Hub {
             overdue: Arc::new(AtomicBool::new(false)),
         });
         self.metrics.subscribers.set(g.len() as i64);
+        drop(g);
+        self.write_book();
         Ok(GateSubscriber {
             holds: rx,
             deadline,
@@ -760,7 +803,12 @@ impl Hub {
     /// snapshot. Then the containers this agent saw that the predecessor's
     /// table lacks are added, and those it saw go are removed, as changes
     /// of their own.
-    pub fn take_over(&self, clean: bool) -> TakeOver {
+    pub fn take_over(self: &Arc<Self>, clean: bool) -> TakeOver {
+        // The predecessor's gates first: from the instant this hub stops
+        // standing by, a start is held for them.
+        if let Some(book) = self.book.get() {
+            self.park(book.read_gates());
+        }
         let (sb, mirrored) = {
             let mut s = lock(&self.state);
             let Some(sb) = s.standby.take() else {
@@ -797,12 +845,110 @@ impl Hub {
                 n_added += 1;
             }
         }
+        self.write_book();
         TakeOver {
             mirrored,
             added: n_added,
             removed: n_removed,
             next,
         }
+    }
+
+    /// Records gate subscriptions and start decisions in `book`, for a
+    /// successor, and reads a predecessor's from it at the takeover. Set
+    /// before [`Hub::stand_by`] or serving; nothing is written until
+    /// [`Hub::write_book`].
+    pub fn keep_book(&self, book: Book) {
+        let _ = self.book.set(book);
+    }
+
+    /// Writes the gate subscriptions in force to the book (the latest
+    /// list wins when two registrations race); nothing while standing by
+    /// (the book is the serving agent's).
+    pub fn write_book(&self) {
+        let Some(book) = self.book.get() else {
+            return;
+        };
+        if self.standing_by() {
+            // The serving agent's book, not ours to write.
+            return;
+        }
+        let (generation, subs) = {
+            let g = lock(&self.gates);
+            let generation = self.book_generation.fetch_add(1, Ordering::AcqRel) + 1;
+            (
+                generation,
+                g.iter().map(|s| s.sub.clone()).collect::<Vec<_>>(),
+            )
+        };
+        let mut written = lock(&self.book_written);
+        if generation > *written {
+            book.write_gates(&subs);
+            *written = generation;
+        }
+    }
+
+    /// Registers a predecessor's gate subscriptions, each until its
+    /// subscriber comes back or [`HubConfig::max_deadline`] (at least
+    /// 5 s) passes: meanwhile a start they would hold is held, and decided
+    /// by the subscriber, or by its policy at its deadline.
+    fn park(self: &Arc<Self>, subs: Vec<Subscription>) {
+        if subs.is_empty() {
+            return;
+        }
+        let grace = self.config.max_deadline.max(Duration::from_secs(5));
+        let mut names = Vec::new();
+        {
+            let mut g = lock(&self.gates);
+            let mut parked = lock(&self.parked);
+            for mut sub in subs {
+                if g.len() >= self.config.max_subscribers || parked.contains_key(&sub.name) {
+                    continue;
+                }
+                sub.deadline = sub.deadline.min(self.config.max_deadline);
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let (tx, rx) = mpsc::channel(256);
+                names.push(sub.name.clone());
+                parked.insert(sub.name.clone(), (id, rx));
+                g.push(Subscriber {
+                    id,
+                    sub,
+                    tx,
+                    overdue: Arc::new(AtomicBool::new(false)),
+                });
+            }
+            self.metrics.subscribers.set(g.len() as i64);
+        }
+        tracing::info!(
+            gates = ?names,
+            ?grace,
+            "the predecessor's gates hold starts until their subscribers come back"
+        );
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let hub = Arc::downgrade(self);
+        rt.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let Some(hub) = hub.upgrade() else { return };
+            for name in names {
+                let Some((id, rx)) = lock(&hub.parked).remove(&name) else {
+                    continue;
+                };
+                tracing::warn!(
+                    gate = name,
+                    ?grace,
+                    "gate subscriber did not come back after the takeover; its subscription ends \
+                     (its holds follow its policy)"
+                );
+                let mut g = lock(&hub.gates);
+                g.retain(|s| s.id != id);
+                hub.metrics.subscribers.set(g.len() as i64);
+                drop(g);
+                drop(rx);
+                hub.write_book();
+            }
+        });
     }
 
     /// Shutting down: every watcher gets the changes it has, then the end
@@ -817,6 +963,12 @@ impl Hub {
     /// written).
     pub fn watches_open(&self) -> u64 {
         self.open_watches.load(Ordering::Acquire)
+    }
+
+    /// Starts held for gates now (a stopping agent decides them before it
+    /// exits).
+    pub fn starts_waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// The current revision.
@@ -934,6 +1086,14 @@ impl GateBarrier {
         if !hub.can_hold.load(Ordering::Relaxed) {
             return None;
         }
+        if hub.standing_by() {
+            // The serving agent holds this start too, and its gates decide
+            // it: the kernel asks one fanotify group after the other, so
+            // waiting here for its decision would wait for ever when this
+            // group is asked first. It keeps deciding until this agent
+            // serves (see crate::run's shutdown order).
+            return None;
+        }
         // The holds opened at `create`, and holds for subscribers that
         // came since. With neither, the start waits for nothing.
         let (live, mut holds) = {
@@ -960,8 +1120,10 @@ impl GateBarrier {
         if holds.is_empty() {
             return None;
         }
+        let waiting = Waiting::new(&hub.waiting);
         Some(Box::pin(async move {
             use futures::StreamExt;
+            let _waiting = waiting;
             let started = Instant::now();
             let c = Arc::clone(&live.container);
             let mut decided: futures::stream::FuturesUnordered<_> = holds
@@ -1068,6 +1230,22 @@ impl Hub {
             }
         };
         (sub.name, verdict, outcome)
+    }
+}
+
+/// Counts a held start in [`Hub::starts_waiting`] while it lives.
+struct Waiting(Arc<AtomicU64>);
+
+impl Waiting {
+    fn new(n: &Arc<AtomicU64>) -> Waiting {
+        n.fetch_add(1, Ordering::AcqRel);
+        Waiting(Arc::clone(n))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -124,11 +124,13 @@ fn until_served_by(tokio: &tokio::runtime::Runtime, socket: &Path, pid: u32) -> 
     }
 }
 
-/// Signals the agent and waits for its exit (polling every millisecond,
-/// so that the exit is timed to within one).
+/// Signals the agent (0: none) and waits for its exit (polling every
+/// millisecond, so that the exit is timed to within one).
 fn signal_and_reap(agent: &mut Agent, signal: i32) -> std::process::ExitStatus {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(agent.child.id() as i32, signal) };
+    if signal != 0 {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(agent.child.id() as i32, signal) };
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if let Some(status) = agent.child.try_wait().expect("try_wait") {
@@ -223,14 +225,25 @@ fn a_surge_rollout_hands_over_with_every_change_and_every_hook_once() {
     new.wait_event(&ids[1], "added", Duration::from_secs(5));
     seen.wait_removed(&ids[1]);
 
-    let status = signal_and_reap(&mut old, libc::SIGTERM);
-    assert!(status.success(), "the old agent exits cleanly:\n{}", old.log());
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGTERM) };
     let handover = until_served_by(&tokio, &s.socket, new.child.id());
-    println!("upgrade: socket served by the new agent {handover:?} after the old one exited");
+    let status = signal_and_reap(&mut old, 0);
+    println!("upgrade: SIGTERM to the old agent: the new one served the socket after {handover:?}");
+    assert!(
+        status.success(),
+        "the old agent exits cleanly:\n{}",
+        old.log()
+    );
     assert!(
         handover < Duration::from_secs(1),
-        "the new agent served the socket {handover:?} after the old one exited:\n{}",
+        "the new agent served the socket {handover:?} after the old one's SIGTERM:\n{}",
         new.log()
+    );
+    assert!(
+        old.log().contains("handed the consumer socket over"),
+        "the old agent waited for the new one:\n{}",
+        old.log()
     );
     new.wait_log("took the consumer socket over", Duration::from_secs(5));
     assert!(
@@ -248,7 +261,11 @@ fn a_surge_rollout_hands_over_with_every_change_and_every_hook_once() {
     let all = seen.all();
     seen.task.abort();
     for id in &ids {
-        assert_eq!(seen.count(id), (1, 1), "{id} added and removed once each: {all:?}");
+        assert_eq!(
+            seen.count(id),
+            (1, 1),
+            "{id} added and removed once each: {all:?}"
+        );
     }
     let snapshots = all
         .iter()
@@ -278,9 +295,16 @@ fn a_surge_rollout_hands_over_with_every_change_and_every_hook_once() {
         .expect("the socket's directory")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".lease") && !n.ends_with(".claims"))
+        .filter(|n| {
+            ![".lease", ".claims", ".gates"]
+                .iter()
+                .any(|x| n.ends_with(x))
+        })
         .collect();
-    assert!(stray.is_empty(), "no temporary socket left behind: {stray:?}");
+    assert!(
+        stray.is_empty(),
+        "no temporary socket left behind: {stray:?}"
+    );
 }
 
 /// The old agent killed (`kill -9`) in the overlap: the standby takes over
@@ -404,10 +428,209 @@ fn a_consumers_map_kept_across_the_handover_equals_the_new_agents_list() {
     for id in &ids {
         s.rt.cleanup(id);
     }
-    let mut kept: Vec<String> = map.into_keys().collect();
+    // Containers of this test only: the start-up scan also finds those
+    // that tests running beside it create in runc's state directory.
+    let ours = |id: &String| ids.contains(id);
+    let mut kept: Vec<String> = map.into_keys().filter(ours).collect();
     kept.sort();
-    let mut listed = listed;
+    let mut listed: Vec<String> = listed.into_iter().filter(ours).collect();
     listed.sort();
     assert_eq!(kept, listed);
     assert_eq!(kept, [ids[1].clone(), ids[3].clone()]);
+}
+
+/// Sets the flag when dropped (a test that fails stops its threads).
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A fail-closed gate through a surge rollout: a `lookout_client` gate
+/// subscriber that allows even-numbered containers and denies odd ones.
+/// Containers start from three threads at once before, during and after
+/// the handover, and one (odd: to be denied) is held at the old agent when
+/// it gets SIGTERM, its answer held back until the new agent serves. No
+/// start escapes the gate: every container that started was held for the
+/// subscriber and is one it allowed; the held-back one never started. The
+/// client resubscribes by itself, and the new agent holds starts for it
+/// until it is back.
+#[test]
+fn no_start_escapes_a_fail_closed_gate_through_the_handover() {
+    if !ready("upgrade_gate") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Setup::new();
+    let tokio = runtime();
+    let socket = s.socket.to_str().expect("utf-8");
+    let debug = [(
+        "LOOKOUT_LOG",
+        "info,lookout_agent=debug,lookout_runtime_hook=debug",
+    )];
+    let mut old = Agent::start_with(Some(&s.rt), &["--socket", socket], &debug, None);
+    let prefix = id("gate");
+    let held_back = format!("{prefix}-heldback-1");
+    let held: Arc<Mutex<std::collections::HashSet<String>>> = Arc::default();
+    let answer_held_back = Arc::new(tokio::sync::Notify::new());
+    let subscriber = {
+        let (held, path) = (Arc::clone(&held), s.socket.clone());
+        let (held_back, go) = (held_back.clone(), Arc::clone(&answer_held_back));
+        tokio.spawn(async move {
+            let client = Client::connect(&path).await.expect("connect");
+            let sub = lookout_api::v1::Subscribe {
+                name: "upgrade-test".into(),
+                filter: Some(Filter::all().runtime("runc").into_proto()),
+                deadline_ms: 5000,
+                on_failure: lookout_api::v1::FailurePolicy::FailClosed.into(),
+            };
+            let mut gate = client.gate(sub).await.expect("gate");
+            let mut first_held_back = true;
+            while let Some(guard) = gate.next().await {
+                let guard = guard.expect("the gate failed");
+                if !guard.held() {
+                    continue;
+                }
+                let id = guard.container().id.clone();
+                held.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.clone());
+                if id == held_back && std::mem::take(&mut first_held_back) {
+                    let go = Arc::clone(&go);
+                    tokio::spawn(async move {
+                        go.notified().await;
+                        let _ = guard.deny("odd, and answered late");
+                    });
+                    continue;
+                }
+                let n: u32 = id
+                    .rsplit('-')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1);
+                // An answer to a gone agent fails; the new one asks again.
+                let _ = if n % 2 == 0 {
+                    guard.allow()
+                } else {
+                    guard.deny("odd")
+                };
+            }
+        })
+    };
+    old.wait_log("gate subscriber connected", Duration::from_secs(5));
+    let new = Agent::start_with(Some(&s.rt), &["--socket", socket], &debug, None);
+    new.wait_log("standing by", Duration::from_secs(5));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // A failed assertion below stops the starters too.
+    let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
+    let create = |path: &Path, bundle: &Path, id: &str| {
+        // N.B. stderr to a file: a pipe would be inherited by the
+        // container's init and never reach EOF.
+        let err = tempfile::NamedTempFile::new().expect("stderr file");
+        let created = std::process::Command::new(path)
+            .args(["create", "--bundle", bundle.to_str().expect("utf-8"), id])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(err.reopen().expect("reopen"))
+            .status()
+            .expect("runc create");
+        assert!(
+            created.success(),
+            "runc create {id}: {}",
+            std::fs::read_to_string(err.path()).unwrap_or_default()
+        );
+    };
+    let starters: Vec<_> = (0..3)
+        .map(|t| {
+            let (stop, path, bundle) = (Arc::clone(&stop), s.rt.path.clone(), s.bundle.clone());
+            let prefix = format!("{prefix}-t{t}");
+            std::thread::spawn(move || {
+                let mut results = Vec::new();
+                for n in 0u32..500 {
+                    if stop.load(Ordering::Relaxed) && n >= 4 {
+                        break;
+                    }
+                    let id = format!("{prefix}-{n}");
+                    create(&path, &bundle, &id);
+                    let started = start_container(&path, &id);
+                    results.push((id, n, started));
+                }
+                results
+            })
+        })
+        .collect();
+    let wait_holds = |n: usize, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held.lock().unwrap_or_else(|e| e.into_inner()).len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {n} holds {what}\nnew agent:\n{}",
+                new.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_holds(6, "in the overlap");
+    // One start held at the old agent when it is told to stop.
+    create(&s.rt.path, &s.bundle, &held_back);
+    let late = {
+        let path = s.rt.path.clone();
+        let id = held_back.clone();
+        std::thread::spawn(move || start_container(&path, &id))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !held
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&held_back)
+    {
+        assert!(Instant::now() < deadline, "no hold for {held_back}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGTERM) };
+    until_served_by(&tokio, &s.socket, new.child.id());
+    answer_held_back.notify_one();
+    signal_and_reap(&mut old, 0);
+    new.wait_log(
+        "gate subscriber back after the takeover",
+        Duration::from_secs(10),
+    );
+    let after = held.lock().unwrap_or_else(|e| e.into_inner()).len();
+    wait_holds(after + 6, "after the handover");
+    stop.store(true, Ordering::Relaxed);
+    let mut results: Vec<(String, u32, bool)> = starters
+        .into_iter()
+        .flat_map(|t| t.join().expect("a starter"))
+        .collect();
+    results.push((held_back.clone(), 1, late.join().expect("the late start")));
+    subscriber.abort();
+    for (id, _, _) in &results {
+        s.rt.cleanup(id);
+    }
+    let held = held.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let escaped: Vec<&String> = results
+        .iter()
+        .filter(|(id, n, started)| *started && (n % 2 == 1 || !held.contains(id)))
+        .map(|(id, _, _)| id)
+        .collect();
+    let refused_allowed = results
+        .iter()
+        .filter(|(_, n, started)| !*started && n % 2 == 0)
+        .count();
+    println!(
+        "upgrade: {} starts through the handover, {} escaped the gate, {refused_allowed} \
+         allowed ones refused (fail-closed while the subscriber was away)",
+        results.len(),
+        escaped.len(),
+    );
+    assert!(
+        escaped.is_empty(),
+        "started without the gate's allow: {escaped:?}\nold agent:\n{}\nnew agent:\n{}",
+        old.log(),
+        new.log()
+    );
 }

@@ -129,9 +129,12 @@ impl Client {
     /// [`Error::Rpc`] with `PERMISSION_DENIED` when this peer is neither
     /// root nor allow-listed by the agent.
     pub async fn gate(&self, subscribe: v1::Subscribe) -> Result<Gate, Error> {
-        connect::retry(&self.options, || {
-            Gate::open(self.grpc.clone(), subscribe.clone())
-        })
+        Gate::subscribe(
+            self.grpc.clone(),
+            self.path.clone(),
+            self.options.clone(),
+            subscribe,
+        )
         .await
     }
 }

@@ -1,5 +1,6 @@
 //! `Gate`: holds on container starts, answered through guards.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lookout_api::v1::{self, gate_request, gate_response, lookout_client::LookoutClient};
@@ -9,6 +10,7 @@ use tonic::codec::Streaming;
 use tonic::transport::Channel;
 
 use crate::Error;
+use crate::connect::{self, ConnectOptions};
 
 /// The reason sent for a held guard dropped without an answer.
 pub const DROPPED_UNANSWERED: &str = "dropped unanswered";
@@ -19,23 +21,81 @@ pub const DROPPED_UNANSWERED: &str = "dropped unanswered";
 ///
 /// Keep the `Gate` alive while answering: when it goes, the agent sees the
 /// subscriber leave and applies the subscription's
-/// [failure policy](v1::FailurePolicy) to every hold still open. The gate
-/// does not resubscribe by itself; after an error, call
-/// [`crate::Client::gate`] again.
+/// [failure policy](v1::FailurePolicy) to every hold still open.
+///
+/// # Recovery
+///
+/// When the agent ends the gate (it shuts down, or is replaced by a
+/// rollout) or the stream drops, [`Gate::next`] redials the socket and
+/// subscribes again under the same name, for
+/// [`ConnectOptions::retry_for`]. A new agent that took over from the old
+/// one keeps the old one's subscriptions for a while and holds the starts
+/// they would hold until their subscribers are back: the holds queued
+/// meanwhile arrive right after the new subscription, and none escapes a
+/// fail-closed gate. Guards from the old stream can no longer be answered
+/// (their agent is gone; the new one asks again).
 #[derive(Debug)]
 pub struct Gate {
     name: String,
     deadline: Duration,
     responses: Streaming<v1::GateResponse>,
     requests: mpsc::UnboundedSender<v1::GateRequest>,
+    /// What resubscribing needs.
+    path: PathBuf,
+    options: ConnectOptions,
+    subscribe: v1::Subscribe,
 }
 
 impl Gate {
-    /// Sends `subscribe` and waits for the agent's `Subscribed`.
-    pub(crate) async fn open(
-        mut client: LookoutClient<Channel>,
+    /// Subscribes through `client` (retried as `options` say), and
+    /// resubscribes through `path` later.
+    pub(crate) async fn subscribe(
+        client: LookoutClient<Channel>,
+        path: PathBuf,
+        options: ConnectOptions,
         subscribe: v1::Subscribe,
     ) -> Result<Self, Error> {
+        let (name, deadline, responses, requests) =
+            connect::retry(&options, || Gate::open(client.clone(), subscribe.clone())).await?;
+        Ok(Self {
+            name,
+            deadline,
+            responses,
+            requests,
+            path,
+            options,
+            subscribe,
+        })
+    }
+
+    /// Redials and subscribes again (see [Recovery](Gate#recovery)).
+    async fn resubscribe(&mut self) -> Result<(), Error> {
+        let (path, subscribe) = (&self.path, &self.subscribe);
+        let (name, deadline, responses, requests) = connect::retry(&self.options, || async move {
+            let channel = connect::dial(path).await?;
+            let client = LookoutClient::new(channel);
+            Gate::open(client, subscribe.clone()).await
+        })
+        .await?;
+        tracing::info!(gate = name, "subscribed again to the agent's gate");
+        (self.name, self.deadline, self.responses, self.requests) =
+            (name, deadline, responses, requests);
+        Ok(())
+    }
+
+    /// Sends `subscribe` and waits for the agent's `Subscribed`.
+    async fn open(
+        mut client: LookoutClient<Channel>,
+        subscribe: v1::Subscribe,
+    ) -> Result<
+        (
+            String,
+            Duration,
+            Streaming<v1::GateResponse>,
+            mpsc::UnboundedSender<v1::GateRequest>,
+        ),
+        Error,
+    > {
         let (requests, outgoing) = mpsc::unbounded_channel();
         send(
             &requests,
@@ -74,12 +134,12 @@ impl Gate {
                 });
             }
         };
-        Ok(Self {
-            name: subscribed.name,
-            deadline: Duration::from_millis(u64::from(subscribed.deadline_ms)),
+        Ok((
+            subscribed.name,
+            Duration::from_millis(u64::from(subscribed.deadline_ms)),
             responses,
             requests,
-        })
+        ))
     }
 
     /// The subscription's name, as the agent confirmed it.
@@ -93,18 +153,50 @@ impl Gate {
         self.deadline
     }
 
-    /// The next hold; `None` when the agent ends the gate (shutdown). After
-    /// an error the gate is finished.
+    /// The next hold, subscribing again when the stream ends or drops (see
+    /// [Recovery](Gate#recovery)). `None` when the agent ended the gate and
+    /// no agent took the subscription again within the retry window; an
+    /// error when the stream failed and resubscribing did too, or the
+    /// error cannot be retried.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: no hold is lost if the future is dropped before it
-    /// completes.
+    /// Cancel-safe while waiting for a hold: no hold is lost if the future
+    /// is dropped before it completes. A resubscription cut short starts
+    /// over on the next call.
     pub async fn next(&mut self) -> Option<Result<HoldGuard, Error>> {
         loop {
             let response = match self.responses.message().await {
                 Ok(Some(response)) => response,
-                Ok(None) => return None,
+                Ok(None) => {
+                    tracing::info!(
+                        gate = self.name,
+                        "the agent ended the gate; subscribing again"
+                    );
+                    match self.resubscribe().await {
+                        Ok(()) => continue,
+                        Err(e) => {
+                            tracing::warn!(
+                                gate = self.name,
+                                error = %crate::error::chain(&e),
+                                "no agent took the gate again"
+                            );
+                            return None;
+                        }
+                    }
+                }
+                Err(status) if crate::error::code_is_retryable(status.code()) => {
+                    tracing::warn!(
+                        gate = self.name,
+                        code = ?status.code(),
+                        message = status.message(),
+                        "the gate's stream dropped; subscribing again"
+                    );
+                    match self.resubscribe().await {
+                        Ok(()) => continue,
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
                 Err(status) => {
                     return Some(Err(Error::Rpc {
                         rpc: "Gate",

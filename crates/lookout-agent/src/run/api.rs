@@ -22,6 +22,10 @@ const DRAIN: Duration = Duration::from_secs(1);
 /// written out before it lets its successor in.
 const FLUSH: Duration = Duration::from_secs(2);
 
+/// How long a shutting-down agent goes on deciding starts while its
+/// successor takes over, at most.
+const SUCCESSOR_WAIT: Duration = Duration::from_secs(5);
+
 /// What serving the socket needs from the flags.
 #[derive(Clone)]
 struct Config {
@@ -39,6 +43,8 @@ struct State {
     lease: Option<Lease>,
     ready: bool,
     stopping: bool,
+    /// [`Api::hand_over`] ran.
+    handed_over: bool,
 }
 
 /// The consumer API of one `lookout run`.
@@ -75,9 +81,15 @@ impl Api {
             return api;
         };
         let lease_file = handover::lease_path(&config.socket);
+        // Marked before trying: an agent that stops after this try and
+        // before the mark would otherwise not wait for this one.
+        handover::mark_standby(&config.socket);
         match Lease::try_take(&lease_file) {
             Ok(Some(lease)) => {
+                handover::unmark_standby(&config.socket);
                 lock(&api.state).lease = Some(lease);
+                // No gates yet: a file left by an agent that is gone says so.
+                hub.write_book();
                 api.serve(hub);
             }
             Ok(None) => {
@@ -92,6 +104,7 @@ impl Api {
                 side.spawn(async move { api.stand_by(hub, lease_file).await });
             }
             Err(e) => {
+                handover::unmark_standby(&config.socket);
                 tracing::warn!(
                     "cannot use the lease {} ({e:#}); serving the socket without one (a second \
                      agent on this node takes it over at once)",
@@ -122,6 +135,7 @@ impl Api {
         let Some(socket) = self.config.as_ref().map(|c| c.socket.clone()) else {
             return;
         };
+        let mirrored_socket = socket.clone();
         let (got, lease_taken) = tokio::sync::oneshot::channel::<()>();
         let lease = async {
             let lease = Lease::wait(lease_file).await;
@@ -129,7 +143,7 @@ impl Api {
             lease
         };
         let mirror = handover::mirror(
-            socket,
+            mirrored_socket,
             Arc::clone(&hub),
             async {
                 let _ = lease_taken.await;
@@ -146,11 +160,14 @@ impl Api {
         };
         let got_at = Instant::now();
         if lock(&self.state).stopping {
+            handover::unmark_standby(&socket);
             return;
         }
         let t = hub.take_over(clean);
         lock(&self.state).lease = Some(lease);
         self.serve(&hub);
+        // The old agent decides starts until this mark goes.
+        handover::unmark_standby(&socket);
         tracing::info!(
             clean,
             predecessor_last_revision = t.mirrored,
@@ -180,11 +197,17 @@ impl Api {
         }
     }
 
-    /// After discovery stopped: every watcher gets its last changes and
-    /// the end of its stream (a successor's mirror reads that it has them
-    /// all), the socket goes if it is still ours, and then the lease, at
-    /// which instant a successor takes over.
-    pub(super) async fn close(self, hub: &Hub) {
+    /// The shutdown's first step, while discovery still runs and decides
+    /// starts: every watcher gets its last changes and the end of its
+    /// stream (a successor's mirror reads that it has them all), the
+    /// socket goes if it is still ours, and then the lease, at which
+    /// instant a successor standing by takes over. Returns once that
+    /// successor serves (at most [`SUCCESSOR_WAIT`]): until then, a start
+    /// it let go while standing by is this agent's to decide. Runs once.
+    pub(super) async fn hand_over(&self, hub: &Hub) {
+        if std::mem::replace(&mut lock(&self.state).handed_over, true) {
+            return;
+        }
         hub.close();
         let until = Instant::now() + FLUSH;
         while hub.watches_open() > 0 && Instant::now() < until {
@@ -192,11 +215,32 @@ impl Api {
         }
         // The last frames leave the API's thread after its stream ends.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut s = lock(&self.state);
-        if let Some(c) = &self.config {
+        let Some(c) = &self.config else { return };
+        {
+            let mut s = lock(&self.state);
             crate::grpc::unbind(&c.socket, s.bound);
+            s.lease = None;
         }
-        s.lease = None;
+        let Some(pid) = handover::successor(&c.socket) else {
+            return;
+        };
+        let started = Instant::now();
+        while handover::successor(&c.socket) == Some(pid) && started.elapsed() < SUCCESSOR_WAIT {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if handover::successor(&c.socket) == Some(pid) {
+            tracing::warn!(
+                successor_pid = pid,
+                waited = ?started.elapsed(),
+                "the agent standing by did not take over in time; stopping anyway"
+            );
+        } else {
+            tracing::info!(
+                successor_pid = pid,
+                took_ms = started.elapsed().as_millis() as u64,
+                "handed the consumer socket over to the agent that stood by"
+            );
+        }
     }
 }
 

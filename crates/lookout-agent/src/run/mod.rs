@@ -218,9 +218,13 @@ async fn run_async(
             }
         }
     };
-    let (stdout, barrier) = HookSink::new(stdout, hook_settings, events, side.clone(), claims);
+    let (stdout, barrier) =
+        HookSink::new(stdout, hook_settings, events, side.clone(), claims.clone());
     let hooks_in_flight = stdout.in_flight();
     let hub = Hub::new(hub_config(&args), metrics.hub());
+    if !args.no_socket {
+        hub.keep_book(crate::handover::Book::new(&args.socket));
+    }
     let api = api::Api::start(&args, &hub, &side);
     let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
         vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
@@ -297,6 +301,8 @@ async fn run_async(
     let stopped = async {
         stopped.await;
         api.stopping();
+        // Discovery, and its holds, go on until a successor serves.
+        api.hand_over(&hub).await;
     };
     let discovery = Discovery {
         args: &args,
@@ -305,15 +311,18 @@ async fn run_async(
         nri_barrier,
     };
     discovery.run(backends, stdout, ready, stopped).await;
-    // Hooks claimed by this agent finish before it lets a successor in: a
-    // hook cut short would be run again by the successor.
-    let until = std::time::Instant::now() + args.hook_timeout;
-    while hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
+    // Hooks this agent claimed finish before it exits (one cut short
+    // would run again, by the other agent), and so do the starts it
+    // holds: one a successor let go while standing by is this agent's to
+    // decide, by its gates, not by the exit's blanket allow.
+    let until = std::time::Instant::now() + args.hook_timeout.max(args.gate_max_deadline);
+    while (hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
+        || hub.starts_waiting() > 0)
         && std::time::Instant::now() < until
     {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    api.close(&hub).await;
+    api.hand_over(&hub).await;
     Ok(())
 }
 
