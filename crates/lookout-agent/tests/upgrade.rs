@@ -511,7 +511,7 @@ fn no_start_escapes_a_fail_closed_gate_through_the_handover() {
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(1);
                 // An answer to a gone agent fails; the new one asks again.
-                let _ = if n % 2 == 0 {
+                let _ = if n.is_multiple_of(2) {
                     guard.allow()
                 } else {
                     guard.deny("odd")
