@@ -168,6 +168,10 @@ impl Lookout for Service {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        // Handed over: the successor numbers what follows.
+        if self.hub.is_closed() {
+            return Err(refused(Refused::Closing));
+        }
         let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter)?);
         Ok(Response::new(pb::ListResponse {
             revision,
@@ -181,10 +185,15 @@ impl Lookout for Service {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let root = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .is_some_and(|c| c.uid() == 0);
         let r = req.into_inner();
         let mut w = self
             .hub
-            .watch(r.since, filter_of(r.filter)?)
+            .watch_as(r.since, filter_of(r.filter)?, root)
             .map_err(refused)?;
         let out = async_stream::stream! {
             loop {
@@ -272,12 +281,15 @@ impl Lookout for Service {
         };
         let sub = self
             .hub
-            .gate(Subscription {
-                name: name.clone(),
-                filter,
-                deadline,
-                on_failure,
-            })
+            .gate_as(
+                Subscription {
+                    name: name.clone(),
+                    filter,
+                    deadline,
+                    on_failure,
+                },
+                uid,
+            )
             .map_err(refused)?;
         tracing::info!(
             gate = name,

@@ -93,11 +93,6 @@ fn beside(socket: &Path, what: &str) -> PathBuf {
 impl Lease {
     /// Takes the lease if nobody holds it; `None` if another agent does.
     pub fn try_take(path: &Path) -> anyhow::Result<Option<Lease>> {
-        if let Some(dir) = path.parent()
-            && !dir.exists()
-        {
-            crate::grpc::create_socket_dir(dir, None)?;
-        }
         let f = open_private(path).with_context(|| format!("opening {}", path.display()))?;
         match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(Some(Lease::mark(lock))),
@@ -129,8 +124,8 @@ impl Lease {
 
     /// The holder's pid, as it wrote it (for logs).
     pub fn holder(path: &Path) -> Option<u32> {
-        let s = std::fs::read_to_string(path).ok()?;
-        s.trim().parse().ok()
+        let b = read_limited(path, 32)?;
+        String::from_utf8(b).ok()?.trim().parse().ok()
     }
 
     fn mark(mut lock: Flock<File>) -> Lease {
@@ -228,11 +223,6 @@ impl Claims {
                 }
             }
             Err(_) => {
-                if let Some(parent) = dir.parent()
-                    && !parent.exists()
-                {
-                    crate::grpc::create_socket_dir(parent, None)?;
-                }
                 std::fs::DirBuilder::new()
                     .mode(0o700)
                     .create(&dir)
@@ -296,14 +286,30 @@ impl Claims {
         Once::Ran
     }
 
-    /// Removes claims unchanged for [`CLAIM_TTL`].
-    pub fn sweep(&self) -> usize {
+    /// Removes claims unchanged for [`CLAIM_TTL`], except those of
+    /// containers for which `live` holds (given the claim's first part,
+    /// [`claim_prefix`]): a container's hooks stay claimed while it lives,
+    /// so that an agent that starts later (a rollout's) and finds it does
+    /// not run its hooks again.
+    pub fn sweep(&self, live: impl Fn(&str) -> bool) -> usize {
+        // Never through a directory swapped for a link since it was opened.
+        let ours = std::fs::symlink_metadata(&*self.dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw());
+        if !ours {
+            return 0;
+        }
         let Ok(entries) = std::fs::read_dir(&*self.dir) else {
             return 0;
         };
         let now = std::time::SystemTime::now();
         let mut removed = 0;
         for e in entries.flatten() {
+            let name = e.file_name();
+            let prefix = name.to_string_lossy();
+            let prefix = prefix.split('.').next().unwrap_or_default();
+            if live(prefix) {
+                continue;
+            }
             let old = e
                 .metadata()
                 .and_then(|m| m.modified())
@@ -346,11 +352,15 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// The file at `path` (never through a symbolic link), at most `limit`
 /// bytes; `None` if it is missing, unreadable or longer.
 fn read_limited(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    // O_NONBLOCK: a FIFO planted there does not hang the open.
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc_o_nofollow())
+        .custom_flags(libc_o_nofollow() | nix::fcntl::OFlag::O_NONBLOCK.bits())
         .open(path)
         .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut out = Vec::new();
     f.take(limit + 1).read_to_end(&mut out).ok()?;
     (out.len() as u64 <= limit).then_some(out)
@@ -369,14 +379,21 @@ struct GateEntry {
     name: String,
     deadline_ms: u64,
     fail_closed: bool,
+    /// The subscriber's uid: only the same uid (or root) takes the parked
+    /// subscription back.
+    #[serde(default)]
+    uid: u32,
     runtimes: Vec<String>,
     namespaces: Vec<String>,
     pod_labels: Vec<(String, String)>,
     annotations: Vec<(String, String)>,
 }
 
-/// The gates file's limit: 64 subscribers with the largest filters fit.
-const GATES_LIMIT: u64 = 64 << 20;
+/// The gates file's limit. 64 subscribers with the largest filters
+/// allowed (64 entries of 1 KiB in each of four lists) take 16 MiB of
+/// plain strings; escaped control characters could make that six times
+/// as much, so subscriptions past this are left out (and logged).
+const GATES_LIMIT: u64 = 16 << 20;
 
 impl Book {
     /// The book beside `socket`.
@@ -386,23 +403,43 @@ impl Book {
         }
     }
 
-    /// Records the gate subscriptions in force.
-    pub fn write_gates(&self, subs: &[Subscription]) {
-        let entries: Vec<GateEntry> = subs
-            .iter()
-            .map(|s| GateEntry {
+    /// Records the gate subscriptions in force, with their peers' uids.
+    pub fn write_gates(&self, subs: &[(Subscription, u32)]) {
+        let mut out = b"[".to_vec();
+        let mut left_out = 0;
+        for (s, uid) in subs {
+            let entry = GateEntry {
                 name: s.name.clone(),
                 deadline_ms: s.deadline.as_millis() as u64,
                 fail_closed: s.on_failure == FailurePolicy::Closed,
+                uid: *uid,
                 runtimes: s.filter.runtimes.clone(),
                 namespaces: s.filter.namespaces.clone(),
                 pod_labels: s.filter.pod_labels.clone(),
                 annotations: s.filter.annotations.clone(),
-            })
-            .collect();
-        let result = serde_json::to_vec(&entries)
-            .map_err(std::io::Error::other)
-            .and_then(|b| write_whole(&self.gates, &b));
+            };
+            let Ok(b) = serde_json::to_vec(&entry) else {
+                left_out += 1;
+                continue;
+            };
+            if (out.len() + b.len() + 2) as u64 > GATES_LIMIT {
+                left_out += 1;
+                continue;
+            }
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&b);
+        }
+        out.push(b']');
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                "gate subscriptions too large to record for a successor: a rollout would not \
+                 hold starts for them until their subscribers are back"
+            );
+        }
+        let result = write_whole(&self.gates, &out);
         if let Err(e) = result {
             tracing::warn!(
                 file = %self.gates.display(),
@@ -414,27 +451,30 @@ impl Book {
 
     /// The gate subscriptions the serving agent recorded (none if it
     /// recorded none, or the file is unreadable: that is logged).
-    pub fn read_gates(&self) -> Vec<Subscription> {
+    pub fn read_gates(&self) -> Vec<(Subscription, u32)> {
         let Some(bytes) = read_limited(&self.gates, GATES_LIMIT) else {
             return Vec::new();
         };
         match serde_json::from_slice::<Vec<GateEntry>>(&bytes) {
             Ok(entries) => entries
                 .into_iter()
-                .map(|e| Subscription {
-                    name: e.name,
-                    filter: Filter {
-                        runtimes: e.runtimes,
-                        namespaces: e.namespaces,
-                        pod_labels: e.pod_labels,
-                        annotations: e.annotations,
-                    },
-                    deadline: Duration::from_millis(e.deadline_ms),
-                    on_failure: if e.fail_closed {
-                        FailurePolicy::Closed
-                    } else {
-                        FailurePolicy::Open
-                    },
+                .map(|e| {
+                    let sub = Subscription {
+                        name: e.name,
+                        filter: Filter {
+                            runtimes: e.runtimes,
+                            namespaces: e.namespaces,
+                            pod_labels: e.pod_labels,
+                            annotations: e.annotations,
+                        },
+                        deadline: Duration::from_millis(e.deadline_ms),
+                        on_failure: if e.fail_closed {
+                            FailurePolicy::Closed
+                        } else {
+                            FailurePolicy::Open
+                        },
+                    };
+                    (sub, e.uid)
                 })
                 .collect(),
             Err(e) => {
@@ -454,20 +494,50 @@ impl Book {
 /// configured: a hook changed by the upgrade is another hook, and runs).
 pub fn claim_key(id: &str, what: &str) -> String {
     use sha2::Digest;
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let what = &hex(&sha2::Sha256::digest(what.as_bytes()))[..24];
+    format!("{}.{what}", claim_prefix(id))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The first part of the claims of container `id`: the id when it is a
+/// plain one, else its digest.
+pub fn claim_prefix(id: &str) -> String {
+    use sha2::Digest;
     let plain = !id.is_empty()
         && id.len() <= 128
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         && !id.starts_with('-');
-    let id = if plain {
+    if plain {
         id.to_owned()
     } else {
         format!("h{}", &hex(&sha2::Sha256::digest(id.as_bytes()))[..32])
-    };
-    let what = &hex(&sha2::Sha256::digest(what.as_bytes()))[..24];
-    format!("{id}.{what}")
+    }
+}
+
+/// Whether the directory of `socket` may hold the files that coordinate
+/// two agents: owned by this user (root) and writable by nobody else. A
+/// socket placed in a directory others can write to (`--socket /tmp/x`)
+/// gets none: anyone there could hold the lease, plant gates or claims.
+pub fn trusted_dir(socket: &Path) -> anyhow::Result<()> {
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let m = std::fs::symlink_metadata(dir).with_context(|| format!("stat {}", dir.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if !m.is_dir() {
+        anyhow::bail!("{} is not a directory", dir.display());
+    }
+    if m.uid() != euid || m.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "{} is not owned by uid {euid} or is writable by others (mode {:o})",
+            dir.display(),
+            m.mode() & 0o7777
+        );
+    }
+    Ok(())
 }
 
 /// Follows the serving agent's `Watch` into `hub` (which is in standby)
@@ -561,13 +631,19 @@ async fn sleep_until(t: Option<tokio::time::Instant>) {
     }
 }
 
+/// The most containers a mirrored snapshot keeps.
+const MAX_MIRRORED: usize = 1 << 18;
+
 /// One `WatchEvent` of the serving agent, applied to the standby hub.
 fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
     use pb::watch_event::Kind;
     let kind = Kind::try_from(e.kind).ok();
     match kind {
         Some(Kind::Snapshot) => {
-            if let Some(c) = e.container {
+            // Bounded: more containers than a node runs is not a snapshot.
+            if let Some(c) = e.container
+                && snapshot.len() < MAX_MIRRORED
+            {
                 snapshot.push(live_of(c));
             }
         }

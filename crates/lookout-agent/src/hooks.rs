@@ -21,7 +21,7 @@ use lookout_oci_hooks::{HooksDirs, RunOptions, Target, run_hook, state_of};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
 
-use crate::handover::{Claims, Once, claim_key};
+use crate::handover::{CLAIM_TTL, Claims, Once, claim_key};
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -351,10 +351,6 @@ impl<S: Sink> Sink for HookSink<S> {
 /// (each holds a process and three pipes).
 pub const MAX_RUNNING_HOOKS: usize = 32;
 
-/// How long past a hook's timeout an agent waits for the other agent of a
-/// rollout to finish running it.
-const HOOK_CLAIM_MARGIN: Duration = Duration::from_secs(2);
-
 /// How long an agent waits for the other to post a container's Event.
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -658,11 +654,10 @@ impl Dispatcher {
                 c.pid.unwrap_or(0),
                 serde_json::to_string(&hook).unwrap_or_default()
             );
-            // Wait while the other agent runs it: its timeout, and a margin.
-            let wait = hook.timeout().map_or(self.settings.timeout, |t| {
-                Duration::from_secs(t.max(0) as u64)
-            }) + HOOK_CLAIM_MARGIN;
-            match claims.once(&claim_key(&c.id, &what), wait, run).await {
+            // Wait while the other agent runs it (or waits for a hook
+            // process slot to run it): it finishes, or dies and leaves the
+            // claim undone to this agent. Not past the claims' lifetime.
+            match claims.once(&claim_key(&c.id, &what), CLAIM_TTL, run).await {
                 Once::Ran => {}
                 Once::Done => tracing::debug!(
                     id = c.id,

@@ -266,6 +266,9 @@ impl Drop for Registration {
 struct Subscriber {
     id: u64,
     sub: Subscription,
+    /// Its peer's uid (`SO_PEERCRED`; 0 when embedded): after a rollout
+    /// only this uid, or root, takes the subscription back.
+    uid: u32,
     tx: mpsc::Sender<HoldRequest>,
     /// It let a hold reach its deadline and has not answered one since.
     overdue: Arc<AtomicBool>,
@@ -309,6 +312,7 @@ impl Default for HubConfig {
 
 /// Why a consumer was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refused {
     /// Too many of them.
     #[error("too many {what} ({max}); try later")]
@@ -352,6 +356,18 @@ struct State {
     gap: Option<(u64, u64)>,
     /// Shutting down: no new watchers.
     closed: bool,
+    /// Containers the predecessor reported removed before this agent took
+    /// over, and when it took over: this agent's own late reports of them
+    /// (for [`GONE_BEFORE_FOR`]) are dropped.
+    gone_before: std::collections::HashSet<String>,
+    took_over_at: Option<Instant>,
+}
+
+/// A predecessor's gate subscription waiting for its subscriber.
+struct Parked {
+    id: u64,
+    holds: mpsc::Receiver<HoldRequest>,
+    uid: u32,
 }
 
 /// A standby hub's own reports, for [`Hub::take_over`].
@@ -363,16 +379,26 @@ struct Standby {
     removed: HashMap<String, ContainerEvent>,
     /// A snapshot of the serving agent arrived: revisions are its.
     mirrored: bool,
+    /// Containers the serving agent reported removed meanwhile.
+    mirror_removed: std::collections::HashSet<String>,
 }
+
+/// Containers remembered as reported gone by the serving agent while
+/// standing by (a bound against a long standby on a busy node).
+const MAX_REMEMBERED_GONE: usize = 65536;
+
+/// How long after a takeover this agent's own late reports of containers
+/// its predecessor reported gone are dropped.
+const GONE_BEFORE_FOR: Duration = Duration::from_secs(30);
 
 /// How far revisions jump when a predecessor ended without a clean
 /// handover ([`Hub::take_over`]): more changes than it could have issued
 /// that this agent did not see.
-pub const REVISION_GAP: u64 = 1 << 20;
+pub(crate) const REVISION_GAP: u64 = 1 << 20;
 
 /// What [`Hub::take_over`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TakeOver {
+pub(crate) struct TakeOver {
     /// The last revision of the predecessor's log here (0: none).
     pub mirrored: u64,
     /// Containers this agent saw that the predecessor had not reported.
@@ -415,9 +441,9 @@ pub struct Hub {
     book_generation: AtomicU64,
     book_written: Mutex<u64>,
     /// A predecessor's gate subscriptions, registered at the takeover and
-    /// waiting for their subscribers to come back, by name: the receiving
-    /// end of each one's queue.
-    parked: Mutex<HashMap<String, (u64, mpsc::Receiver<HoldRequest>)>>,
+    /// waiting for their subscribers to come back, by name: each one's id,
+    /// the receiving end of its queue, and its subscriber's uid.
+    parked: Mutex<HashMap<String, Vec<Parked>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -452,6 +478,8 @@ impl Hub {
                 standby: None,
                 gap: None,
                 closed: false,
+                gone_before: std::collections::HashSet::new(),
+                took_over_at: None,
             }),
             gates: Mutex::new(Vec::new()),
             can_hold: AtomicBool::new(config.can_hold),
@@ -484,12 +512,24 @@ impl Hub {
     /// Every change after `since` (matching `filter`); a snapshot first
     /// when `since` is 0, in the future, or older than the window.
     pub fn watch(&self, since: u64, filter: Filter) -> Result<Watch, Refused> {
+        self.watch_as(since, filter, false)
+    }
+
+    /// [`Hub::watch`] for a `privileged` (root) peer, which the watcher
+    /// limit does not apply to: an agent standing by mirrors through one,
+    /// and unprivileged consumers that fill the limit must not keep it out.
+    pub(crate) fn watch_as(
+        &self,
+        since: u64,
+        filter: Filter,
+        privileged: bool,
+    ) -> Result<Watch, Refused> {
         let mut s = lock(&self.state);
         if s.closed {
             return Err(Refused::Closing);
         }
         s.watchers.retain(|w| !w.tx.is_closed());
-        if s.watchers.len() >= self.config.max_watchers {
+        if s.watchers.len() >= self.config.max_watchers && !privileged {
             return Err(Refused::Full {
                 what: "watchers",
                 max: self.config.max_watchers,
@@ -558,7 +598,16 @@ impl Hub {
 
     /// Registers a gate subscriber. Its deadline is bounded by
     /// [`HubConfig::max_deadline`].
-    pub fn gate(self: &Arc<Self>, mut sub: Subscription) -> Result<GateSubscriber, Refused> {
+    pub fn gate(self: &Arc<Self>, sub: Subscription) -> Result<GateSubscriber, Refused> {
+        self.gate_as(sub, 0)
+    }
+
+    /// [`Hub::gate`] for a peer of `uid`.
+    pub(crate) fn gate_as(
+        self: &Arc<Self>,
+        mut sub: Subscription,
+        uid: u32,
+    ) -> Result<GateSubscriber, Refused> {
         sub.deadline = sub.deadline.min(self.config.max_deadline);
         let mut g = lock(&self.gates);
         if g.len() >= self.config.max_subscribers {
@@ -571,8 +620,18 @@ impl Hub {
         // A predecessor's subscription of the same name, parked at the
         // takeover: this subscriber takes its place, and the holds queued
         // for it meanwhile.
-        let parked = lock(&self.parked).remove(&sub.name);
-        if let Some((id, rx)) = parked
+        // Only its own uid, or root, takes it back: another allow-listed
+        // peer naming itself alike does not get its holds.
+        let parked = {
+            let mut p = lock(&self.parked);
+            let found = p.get_mut(&sub.name).and_then(|v| {
+                let i = v.iter().position(|x| x.uid == uid || uid == 0)?;
+                Some(v.remove(i))
+            });
+            p.retain(|_, v| !v.is_empty());
+            found
+        };
+        if let Some(Parked { id, holds: rx, .. }) = parked
             && let Some(s) = g.iter_mut().find(|s| s.id == id)
         {
             tracing::info!(gate = sub.name, "gate subscriber back after the takeover");
@@ -593,6 +652,7 @@ impl Hub {
         g.push(Subscriber {
             id,
             sub,
+            uid,
             tx,
             overdue: Arc::new(AtomicBool::new(false)),
         });
@@ -615,6 +675,21 @@ impl Hub {
     fn publish(&self, event: &mut ContainerEvent) {
         let mut s = lock(&self.state);
         let id = event.container.id.clone();
+        // A container the predecessor reported gone before the takeover:
+        // this agent's own late report of it would add it again, or remove
+        // it twice.
+        if s.standby.is_none() && !s.gone_before.is_empty() {
+            if s.took_over_at
+                .is_some_and(|t| t.elapsed() > GONE_BEFORE_FOR)
+            {
+                s.gone_before.clear();
+            } else if s.gone_before.contains(&id) {
+                if event.event == EventKind::Removed {
+                    s.gone_before.remove(&id);
+                }
+                return;
+            }
+        }
         if let Some(sb) = s.standby.as_mut() {
             // Another agent serves the socket and reports this container
             // too: kept for the takeover (its holds are that agent's).
@@ -740,18 +815,18 @@ impl Hub {
     /// reports are kept aside until [`Hub::take_over`]; meanwhile the
     /// serving agent's changes arrive through [`Hub::mirror_snapshot`] and
     /// [`Hub::mirror_change`].
-    pub fn stand_by(&self) {
+    pub(crate) fn stand_by(&self) {
         lock(&self.state).standby = Some(Standby::default());
     }
 
     /// Whether the hub stands by.
-    pub fn standing_by(&self) -> bool {
+    pub(crate) fn standing_by(&self) -> bool {
         lock(&self.state).standby.is_some()
     }
 
     /// The serving agent's last revision mirrored here (0: none yet, or
     /// not standing by).
-    pub fn revision_mirrored(&self) -> u64 {
+    pub(crate) fn revision_mirrored(&self) -> u64 {
         let s = lock(&self.state);
         match &s.standby {
             Some(sb) if sb.mirrored => s.revision,
@@ -761,7 +836,7 @@ impl Hub {
 
     /// The serving agent's table at `revision`: replaces this one's, with
     /// its revision (its log is not known before it).
-    pub fn mirror_snapshot(&self, revision: u64, containers: Vec<Live>) {
+    pub(crate) fn mirror_snapshot(&self, revision: u64, containers: Vec<Live>) {
         let mut s = lock(&self.state);
         let Some(sb) = s.standby.as_mut() else {
             return;
@@ -777,7 +852,7 @@ impl Hub {
 
     /// One change of the serving agent, with its revision. Changes at or
     /// below the last one (a resumed stream) are skipped.
-    pub fn mirror_change(&self, change: Change) {
+    pub(crate) fn mirror_change(&self, change: Change) {
         let mut s = lock(&self.state);
         if !s.standby.as_ref().is_some_and(|sb| sb.mirrored) || change.revision <= s.revision {
             return;
@@ -789,6 +864,15 @@ impl Hub {
             }
             EventKind::Removed => {
                 s.live.remove(&id);
+                // Reported gone by the serving agent: nothing of this
+                // agent's own reports is left to reconcile.
+                if let Some(sb) = s.standby.as_mut() {
+                    sb.added.remove(&id);
+                    sb.removed.remove(&id);
+                    if sb.mirror_removed.len() < MAX_REMEMBERED_GONE {
+                        sb.mirror_removed.insert(id);
+                    }
+                }
             }
         }
         s.revision = change.revision;
@@ -803,7 +887,7 @@ impl Hub {
     /// snapshot. Then the containers this agent saw that the predecessor's
     /// table lacks are added, and those it saw go are removed, as changes
     /// of their own.
-    pub fn take_over(self: &Arc<Self>, clean: bool) -> TakeOver {
+    pub(crate) fn take_over(self: &Arc<Self>, clean: bool) -> TakeOver {
         // The predecessor's gates first: from the instant this hub stops
         // standing by, a start is held for them.
         if let Some(book) = self.book.get() {
@@ -821,9 +905,14 @@ impl Hub {
             };
             let mirrored = if sb.mirrored { s.revision } else { 0 };
             if sb.mirrored && !clean {
-                s.gap = Some((s.revision, s.revision + REVISION_GAP));
-                s.revision += REVISION_GAP - 1;
+                let hi = s.revision.saturating_add(REVISION_GAP);
+                s.gap = Some((s.revision, hi));
+                s.revision = hi - 1;
             }
+            // Containers the predecessor reported gone: this agent's own
+            // reports of them that come late change nothing.
+            s.gone_before = sb.mirror_removed.clone();
+            s.took_over_at = Some(Instant::now());
             (sb, mirrored)
         };
         let next = lock(&self.state).revision + 1;
@@ -840,7 +929,12 @@ impl Hub {
         added.sort_by_key(|e| e.monotonic_ns);
         let mut n_added = 0;
         for mut e in added {
-            if !lock(&self.state).live.contains_key(&e.container.id) {
+            let id = &e.container.id;
+            let known = {
+                let s = lock(&self.state);
+                s.live.contains_key(id) || sb.mirror_removed.contains(id)
+            };
+            if !known {
                 self.publish(&mut e);
                 n_added += 1;
             }
@@ -858,27 +952,31 @@ impl Hub {
     /// successor, and reads a predecessor's from it at the takeover. Set
     /// before [`Hub::stand_by`] or serving; nothing is written until
     /// [`Hub::write_book`].
-    pub fn keep_book(&self, book: Book) {
+    pub(crate) fn keep_book(&self, book: Book) {
         let _ = self.book.set(book);
     }
 
     /// Writes the gate subscriptions in force to the book (the latest
     /// list wins when two registrations race); nothing while standing by
     /// (the book is the serving agent's).
-    pub fn write_book(&self) {
+    pub(crate) fn write_book(&self) {
         let Some(book) = self.book.get() else {
             return;
         };
-        if self.standing_by() {
-            // The serving agent's book, not ours to write.
-            return;
+        {
+            let s = lock(&self.state);
+            // Standing by: the serving agent's book, not ours to write.
+            // Closed: handed over; the successor's now.
+            if s.standby.is_some() || s.closed {
+                return;
+            }
         }
         let (generation, subs) = {
             let g = lock(&self.gates);
             let generation = self.book_generation.fetch_add(1, Ordering::AcqRel) + 1;
             (
                 generation,
-                g.iter().map(|s| s.sub.clone()).collect::<Vec<_>>(),
+                g.iter().map(|s| (s.sub.clone(), s.uid)).collect::<Vec<_>>(),
             )
         };
         let mut written = lock(&self.book_written);
@@ -892,27 +990,34 @@ impl Hub {
     /// subscriber comes back or [`HubConfig::max_deadline`] (at least
     /// 5 s) passes: meanwhile a start they would hold is held, and decided
     /// by the subscriber, or by its policy at its deadline.
-    fn park(self: &Arc<Self>, subs: Vec<Subscription>) {
+    fn park(self: &Arc<Self>, subs: Vec<(Subscription, u32)>) {
         if subs.is_empty() {
             return;
         }
-        let grace = self.config.max_deadline.max(Duration::from_secs(5));
+        // The old agent decides the starts it holds (at most a deadline)
+        // before its exit ends its subscribers' streams: room for that,
+        // and for them to redial.
+        let grace = self.config.max_deadline * 2 + Duration::from_secs(5);
         let mut names = Vec::new();
         {
             let mut g = lock(&self.gates);
             let mut parked = lock(&self.parked);
-            for mut sub in subs {
-                if g.len() >= self.config.max_subscribers || parked.contains_key(&sub.name) {
+            for (mut sub, uid) in subs {
+                if g.len() >= self.config.max_subscribers {
                     continue;
                 }
                 sub.deadline = sub.deadline.min(self.config.max_deadline);
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let (tx, rx) = mpsc::channel(256);
-                names.push(sub.name.clone());
-                parked.insert(sub.name.clone(), (id, rx));
+                names.push((sub.name.clone(), id));
+                parked
+                    .entry(sub.name.clone())
+                    .or_default()
+                    .push(Parked { id, holds: rx, uid });
                 g.push(Subscriber {
                     id,
                     sub,
+                    uid,
                     tx,
                     overdue: Arc::new(AtomicBool::new(false)),
                 });
@@ -920,7 +1025,7 @@ impl Hub {
             self.metrics.subscribers.set(g.len() as i64);
         }
         tracing::info!(
-            gates = ?names,
+            gates = ?names.iter().map(|n| &n.0).collect::<Vec<_>>(),
             ?grace,
             "the predecessor's gates hold starts until their subscribers come back"
         );
@@ -931,8 +1036,17 @@ impl Hub {
         rt.spawn(async move {
             tokio::time::sleep(grace).await;
             let Some(hub) = hub.upgrade() else { return };
-            for name in names {
-                let Some((id, rx)) = lock(&hub.parked).remove(&name) else {
+            for (name, id) in names {
+                let rx = {
+                    let mut p = lock(&hub.parked);
+                    let found = p.get_mut(&name).and_then(|v| {
+                        let i = v.iter().position(|x| x.id == id)?;
+                        Some(v.remove(i))
+                    });
+                    p.retain(|_, v| !v.is_empty());
+                    found
+                };
+                let Some(rx) = rx else {
                     continue;
                 };
                 tracing::warn!(
@@ -952,27 +1066,53 @@ impl Hub {
     }
 
     /// Shutting down: every watcher gets the changes it has, then the end
-    /// of its stream; new watchers are refused.
-    pub fn close(&self) {
+    /// of its stream; new watchers and lists are refused.
+    pub(crate) fn close(&self) {
         let mut s = lock(&self.state);
         s.closed = true;
         s.watchers.clear();
     }
 
+    /// The ids of the containers known here, this agent's own reports
+    /// included while standing by.
+    pub(crate) fn known_ids(&self) -> Vec<String> {
+        let s = lock(&self.state);
+        let mut v: Vec<String> = s.live.keys().cloned().collect();
+        if let Some(sb) = &s.standby {
+            v.extend(sb.added.keys().cloned());
+        }
+        v
+    }
+
+    /// Whether [`Hub::close`] ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+
+    /// Ends every gate subscriber's stream (after its last hold): a
+    /// stopping agent that decided the starts it held lets its subscribers
+    /// go to its successor.
+    pub(crate) fn end_gates(&self) {
+        let mut g = lock(&self.gates);
+        g.clear();
+        self.metrics.subscribers.set(0);
+    }
+
     /// Watches not yet ended (their consumers' streams are still being
     /// written).
-    pub fn watches_open(&self) -> u64 {
+    pub(crate) fn watches_open(&self) -> u64 {
         self.open_watches.load(Ordering::Acquire)
     }
 
     /// Starts held for gates now (a stopping agent decides them before it
     /// exits).
-    pub fn starts_waiting(&self) -> u64 {
+    pub(crate) fn starts_waiting(&self) -> u64 {
         self.waiting.load(Ordering::Acquire)
     }
 
     /// The current revision.
-    pub fn revision(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn revision(&self) -> u64 {
         lock(&self.state).revision
     }
 
@@ -1579,6 +1719,57 @@ mod tests {
         // One that stopped before the gap resumes exactly.
         let got = next_items(&new, seen, 1).await;
         assert_eq!(got, [(seen + REVISION_GAP, "b".to_owned())]);
+        now().await;
+    }
+
+    #[tokio::test]
+    async fn a_predecessors_gates_hold_starts_until_their_own_subscriber_is_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("s.sock");
+        let book = Book::new(&socket);
+        let sub = |name: &str, on_failure| Subscription {
+            name: name.into(),
+            filter: Filter::default(),
+            deadline: Duration::from_millis(300),
+            on_failure,
+        };
+        // What the old agent recorded: two fail-closed gates of uid 1000.
+        book.write_gates(&[
+            (sub("tracer", FailurePolicy::Closed), 1000),
+            (sub("gone", FailurePolicy::Closed), 1000),
+        ]);
+        let h = hub(100, 100);
+        h.keep_book(book);
+        h.stand_by();
+        h.take_over(true);
+        let barrier = GateBarrier(Arc::clone(&h));
+        feed(&h, added("c1", Status::Created));
+        let wait = barrier.wait("c1").expect("held for the parked gates");
+        // Another uid naming itself alike gets a gate of its own, not the
+        // parked one's holds.
+        let mut impostor = h
+            .gate_as(sub("tracer", FailurePolicy::Open), 2000)
+            .expect("gate");
+        let mut back = h
+            .gate_as(sub("tracer", FailurePolicy::Closed), 1000)
+            .expect("gate");
+        let hold = back.holds.recv().await.expect("the queued hold");
+        assert_eq!(hold.live.container.id, "c1");
+        assert!(
+            impostor.holds.try_recv().is_err(),
+            "no hold for the impostor"
+        );
+        let _ = hold.respond.expect("held").send(Verdict::Allow);
+        // "gone" never came back: its policy at its deadline.
+        match wait.await {
+            StartDecision::Deny(reason) => {
+                assert!(
+                    reason.contains("gone") && reason.contains("fail-closed"),
+                    "{reason}"
+                )
+            }
+            d => panic!("fail-closed gate without its subscriber: {d:?}"),
+        }
         now().await;
     }
 

@@ -113,8 +113,34 @@ fn every_manifest_parses_into_its_kubernetes_type() {
 #[test]
 fn the_daemonset_is_what_the_deploy_guide_promises() {
     let ds: DaemonSet = typed("daemonset.yaml", &load("daemonset.yaml"));
+    // A surge rollout: the new agent runs before the old one stops
+    // (docs/operations.md, "Upgrades").
+    let rolling = ds
+        .spec
+        .update_strategy
+        .as_ref()
+        .and_then(|u| u.rolling_update.as_ref())
+        .expect("a rolling update");
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)), "surge");
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(IntOrString::Int(0)),
+        "never no agent on a node"
+    );
     let pod = ds.spec.template.spec.expect("pod spec");
     assert_eq!(pod.host_pid, Some(true), "host pids");
+    assert!(
+        pod.termination_grace_period_seconds.unwrap_or(30) >= 20,
+        "room for the handover and the starts the old agent decides"
+    );
+    // The metrics port is the pod's own: two agents on a node do not clash.
+    assert_ne!(pod.host_network, Some(true), "no host network");
+    for c in &pod.containers {
+        for p in c.ports.iter().flatten() {
+            assert_eq!(p.host_port, None, "no host port: a surge would clash");
+        }
+    }
     assert_eq!(pod.service_account_name.as_deref(), Some("lookout"));
     let c = &pod.containers[0];
     let env = c.env.as_ref().expect("env");

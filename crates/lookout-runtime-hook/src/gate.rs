@@ -223,6 +223,12 @@ impl Worker {
             }
             self.counters.end_batch();
         }
+        // No new events: a start still held (a task decides it) keeps the
+        // group open, and with marks left every runtime exec would queue
+        // in it with nobody reading.
+        if let Err(e) = self.group.flush_inode_marks() {
+            tracing::warn!(error = %lookout_model::Chain(&e), "removing the runtime binaries' marks");
+        }
         // Answer whatever is queued before the group closes.
         let _ = self.group.drain();
     }

@@ -63,7 +63,14 @@ impl Api {
     /// agent holds the lease, then takes over on `side`. Nothing when
     /// `--no-socket`. The API is a consumer like any other: when it cannot
     /// be served, discovery goes on.
-    pub(super) fn start(args: &RunArgs, hub: &Arc<Hub>, side: &tokio::runtime::Handle) -> Api {
+    /// Without `shared` (the socket's directory is not one only root can
+    /// write to), no lease: the socket is served at once.
+    pub(super) fn start(
+        args: &RunArgs,
+        hub: &Arc<Hub>,
+        side: &tokio::runtime::Handle,
+        shared: bool,
+    ) -> Api {
         let config = (!args.no_socket).then(|| Config {
             socket: args.socket.clone(),
             group: args.socket_group.clone(),
@@ -80,6 +87,10 @@ impl Api {
         let Some(config) = &api.config else {
             return api;
         };
+        if !shared {
+            api.serve(hub);
+            return api;
+        }
         let lease_file = handover::lease_path(&config.socket);
         // Marked before trying: an agent that stops after this try and
         // before the mark would otherwise not wait for this one.
@@ -244,20 +255,35 @@ impl Api {
     }
 }
 
+/// `--socket-group`, as a gid.
+fn socket_group(group: Option<&str>) -> anyhow::Result<Option<u32>> {
+    let Some(g) = group else { return Ok(None) };
+    Ok(Some(match g.parse::<u32>() {
+        Ok(gid) => gid,
+        Err(_) => nix::unistd::Group::from_name(g)
+            .with_context(|| format!("looking up group {g}"))?
+            .with_context(|| format!("--socket-group {g}: no such group"))?
+            .gid
+            .as_raw(),
+    }))
+}
+
+/// Creates the socket's directory if missing (0750, `--socket-group`),
+/// and checks that only this user may write to it: the files two agents
+/// share live there ([`handover::trusted_dir`]).
+pub(super) fn prepare_dir(args: &RunArgs) -> anyhow::Result<()> {
+    let dir = args.socket.parent().unwrap_or(std::path::Path::new("/"));
+    if !dir.exists() {
+        let group = socket_group(args.socket_group.as_deref())?;
+        crate::grpc::create_socket_dir(dir, group)?;
+    }
+    handover::trusted_dir(&args.socket)
+}
+
 /// Binds the consumer socket and serves it on its own thread; returns the
 /// socket's device and inode, and its health statuses.
 fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)> {
-    let group = match &config.group {
-        None => None,
-        Some(g) => Some(match g.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => nix::unistd::Group::from_name(g)
-                .with_context(|| format!("looking up group {g}"))?
-                .with_context(|| format!("--socket-group {g}: no such group"))?
-                .gid
-                .as_raw(),
-        }),
-    };
+    let group = socket_group(config.group.as_deref())?;
     let listener = crate::grpc::bind(&config.socket, group)?;
     let id = {
         use std::os::unix::fs::MetadataExt;

@@ -189,43 +189,66 @@ async fn run_async(
     };
     let events = k8s_events(&args, &mut kube, &metrics).await;
     let hooks_wanted = hook_settings.any();
-    // Hooks and Events run once between this agent and another on the
-    // node (a surge rollout's), through claims beside the socket.
-    let claims = if args.no_socket {
-        None
+    // Two agents on the node (a surge rollout's) share files beside the
+    // socket: the lease, hook and Event claims, the gates' book. Only in a
+    // directory nobody else can write to.
+    let coordinated = if args.no_socket {
+        false
     } else {
-        match crate::handover::Claims::open(&args.socket) {
-            Ok(c) => {
-                let swept = c.sweep();
-                if swept > 0 {
-                    tracing::debug!(swept, "old hook claims removed");
-                }
-                let sweeper = c.clone();
-                side.spawn(async move {
-                    loop {
-                        tokio::time::sleep(crate::handover::SWEEP_EVERY).await;
-                        sweeper.sweep();
-                    }
-                });
-                Some(c)
-            }
+        match api::prepare_dir(&args) {
+            Ok(()) => true,
             Err(e) => {
+                tracing::warn!(
+                    "no coordination with another agent on this node ({e:#}): a rollout's \
+                     second agent would take the socket at once and run the same hooks again"
+                );
+                false
+            }
+        }
+    };
+    // Hooks and Events run once between this agent and another on the
+    // node, through claims.
+    let claims = if coordinated {
+        crate::handover::Claims::open(&args.socket)
+            .map_err(|e| {
                 tracing::warn!(
                     "hook claims unavailable ({e:#}): a second agent on this node (a rollout's) \
                      would run the same hooks again"
                 );
-                None
-            }
-        }
+            })
+            .ok()
+    } else {
+        None
     };
     let (stdout, barrier) =
         HookSink::new(stdout, hook_settings, events, side.clone(), claims.clone());
     let hooks_in_flight = stdout.in_flight();
     let hub = Hub::new(hub_config(&args), metrics.hub());
-    if !args.no_socket {
+    if coordinated {
         hub.keep_book(crate::handover::Book::new(&args.socket));
     }
-    let api = api::Api::start(&args, &hub, &side);
+    if let Some(c) = claims {
+        // A container's claims stay while it lives: an agent that finds it
+        // later (a rollout's start-up scan) must not run its hooks again.
+        let hub = std::sync::Arc::downgrade(&hub);
+        side.spawn(async move {
+            loop {
+                tokio::time::sleep(crate::handover::SWEEP_EVERY).await;
+                let Some(hub) = hub.upgrade() else { return };
+                let live: std::collections::HashSet<String> = hub
+                    .known_ids()
+                    .iter()
+                    .map(|id| crate::handover::claim_prefix(id))
+                    .collect();
+                drop(hub);
+                let swept = c.sweep(|prefix| live.contains(prefix));
+                if swept > 0 {
+                    tracing::debug!(swept, "claims of gone containers removed");
+                }
+            }
+        });
+    }
+    let api = api::Api::start(&args, &hub, &side, coordinated);
     let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
         vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
             &hub,
@@ -316,8 +339,13 @@ async fn run_async(
     // holds: one a successor let go while standing by is this agent's to
     // decide, by its gates, not by the exit's blanket allow.
     let until = std::time::Instant::now() + args.hook_timeout.max(args.gate_max_deadline);
-    while (hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
-        || hub.starts_waiting() > 0)
+    while hub.starts_waiting() > 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Decided: the gate subscribers may go to the successor (the one that
+    // parked their gates holds its starts for them meanwhile).
+    hub.end_gates();
+    while hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
         && std::time::Instant::now() < until
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
