@@ -516,7 +516,13 @@ impl Dispatcher {
                                         e.container.pid.unwrap_or(0)
                                     );
                                     let key = claim_key(&e.container.id, &what);
-                                    claims.once(&key, EVENT_WAIT, post).await;
+                                    if claims.once(&key, EVENT_WAIT, post).await == Once::Done {
+                                        tracing::debug!(
+                                            id = e.container.id,
+                                            "Kubernetes Event already posted by the other agent \
+                                             on this node"
+                                        );
+                                    }
                                 }
                                 None => post().await,
                             }

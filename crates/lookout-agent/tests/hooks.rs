@@ -436,6 +436,49 @@ fn new_containers_are_posted_as_kubernetes_events() {
     assert!(status.success());
 }
 
+/// The two agents of a rollout, one serving the socket and one standing
+/// by, post one Event for a container both see: the Event is claimed
+/// beside the shared socket.
+#[test]
+fn two_agents_of_a_rollout_post_one_event_per_container() {
+    if !ready("k8s_events_once") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("api/lookout.sock");
+    let s = socket.to_str().expect("utf-8");
+    let old = events_agent(&rt, &server, dir.path(), &["--socket", s]);
+    let new = events_agent(&rt, &server, dir.path(), &["--socket", s]);
+    new.wait_log("standing by", Duration::from_secs(5));
+    let id = id("k8s-event-once");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    old.wait_event(&id, "added", Duration::from_secs(5));
+    new.wait_event(&id, "added", Duration::from_secs(5));
+    rt.cleanup(&id);
+    wait_k8s_event(&server, &old, &id);
+    // One of them posted it, the other found it claimed and done.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let skipped = "Kubernetes Event already posted by the other agent";
+    while !(old.log().contains(skipped) || new.log().contains(skipped)) {
+        assert!(
+            Instant::now() < deadline,
+            "neither agent skipped the Event:\nold:\n{}\nnew:\n{}",
+            old.log(),
+            new.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let posted = server
+        .events()
+        .into_iter()
+        .filter(|e| e["note"].as_str().is_some_and(|n| n.contains(&id)))
+        .count();
+    assert_eq!(posted, 1, "one Event for {id}: {:?}", server.requests());
+}
+
 #[test]
 fn kubernetes_events_over_the_rate_limit_are_dropped_and_counted() {
     if !ready("k8s_events_limit") {
