@@ -363,6 +363,20 @@ struct State {
     took_over_at: Option<Instant>,
 }
 
+/// Takes the first parked subscription named `name` that `pick` accepts.
+fn take_parked(
+    parked: &mut HashMap<String, Vec<Parked>>,
+    name: &str,
+    pick: impl Fn(&Parked) -> bool,
+) -> Option<Parked> {
+    let v = parked.get_mut(name)?;
+    let found = v.iter().position(pick).map(|i| v.remove(i));
+    if v.is_empty() {
+        parked.remove(name);
+    }
+    found
+}
+
 /// A predecessor's gate subscription waiting for its subscriber.
 struct Parked {
     id: u64,
@@ -622,15 +636,9 @@ impl Hub {
         // for it meanwhile.
         // Only its own uid, or root, takes it back: another allow-listed
         // peer naming itself alike does not get its holds.
-        let parked = {
-            let mut p = lock(&self.parked);
-            let found = p.get_mut(&sub.name).and_then(|v| {
-                let i = v.iter().position(|x| x.uid == uid || uid == 0)?;
-                Some(v.remove(i))
-            });
-            p.retain(|_, v| !v.is_empty());
-            found
-        };
+        let parked = take_parked(&mut lock(&self.parked), &sub.name, |x| {
+            x.uid == uid || uid == 0
+        });
         if let Some(Parked { id, holds: rx, .. }) = parked
             && let Some(s) = g.iter_mut().find(|s| s.id == id)
         {
@@ -647,15 +655,7 @@ impl Hub {
                 },
             });
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(256);
-        g.push(Subscriber {
-            id,
-            sub,
-            uid,
-            tx,
-            overdue: Arc::new(AtomicBool::new(false)),
-        });
+        let (id, rx) = self.register(&mut g, sub, uid);
         self.metrics.subscribers.set(g.len() as i64);
         drop(g);
         self.write_book();
@@ -986,6 +986,25 @@ impl Hub {
         }
     }
 
+    /// Adds a subscriber to `g`: its id and the receiving end of its queue.
+    fn register(
+        &self,
+        g: &mut Vec<Subscriber>,
+        sub: Subscription,
+        uid: u32,
+    ) -> (u64, mpsc::Receiver<HoldRequest>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(256);
+        g.push(Subscriber {
+            id,
+            sub,
+            uid,
+            tx,
+            overdue: Arc::new(AtomicBool::new(false)),
+        });
+        (id, rx)
+    }
+
     /// Registers a predecessor's gate subscriptions, each until its
     /// subscriber comes back or [`HubConfig::max_deadline`] (at least
     /// 5 s) passes: meanwhile a start they would hold is held, and decided
@@ -1007,20 +1026,13 @@ impl Hub {
                     continue;
                 }
                 sub.deadline = sub.deadline.min(self.config.max_deadline);
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let (tx, rx) = mpsc::channel(256);
-                names.push((sub.name.clone(), id));
+                let name = sub.name.clone();
+                let (id, rx) = self.register(&mut g, sub, uid);
+                names.push((name.clone(), id));
                 parked
-                    .entry(sub.name.clone())
+                    .entry(name)
                     .or_default()
                     .push(Parked { id, holds: rx, uid });
-                g.push(Subscriber {
-                    id,
-                    sub,
-                    uid,
-                    tx,
-                    overdue: Arc::new(AtomicBool::new(false)),
-                });
             }
             self.metrics.subscribers.set(g.len() as i64);
         }
@@ -1037,16 +1049,7 @@ impl Hub {
             tokio::time::sleep(grace).await;
             let Some(hub) = hub.upgrade() else { return };
             for (name, id) in names {
-                let rx = {
-                    let mut p = lock(&hub.parked);
-                    let found = p.get_mut(&name).and_then(|v| {
-                        let i = v.iter().position(|x| x.id == id)?;
-                        Some(v.remove(i))
-                    });
-                    p.retain(|_, v| !v.is_empty());
-                    found
-                };
-                let Some(rx) = rx else {
+                let Some(rx) = take_parked(&mut lock(&hub.parked), &name, |x| x.id == id) else {
                     continue;
                 };
                 tracing::warn!(
