@@ -361,6 +361,8 @@ struct State {
     /// (for [`GONE_BEFORE_FOR`]) are dropped.
     gone_before: std::collections::HashSet<String>,
     took_over_at: Option<Instant>,
+    /// `CLOCK_MONOTONIC` of the takeover (events carry the same clock).
+    took_over_ns: u64,
 }
 
 /// Takes the first parked subscription named `name` that `pick` accepts.
@@ -494,6 +496,7 @@ impl Hub {
                 closed: false,
                 gone_before: std::collections::HashSet::new(),
                 took_over_at: None,
+                took_over_ns: 0,
             }),
             gates: Mutex::new(Vec::new()),
             can_hold: AtomicBool::new(config.can_hold),
@@ -623,13 +626,12 @@ impl Hub {
         uid: u32,
     ) -> Result<GateSubscriber, Refused> {
         sub.deadline = sub.deadline.min(self.config.max_deadline);
-        let mut g = lock(&self.gates);
-        if g.len() >= self.config.max_subscribers {
-            return Err(Refused::Full {
-                what: "gate subscribers",
-                max: self.config.max_subscribers,
-            });
+        // Handed over: a subscription here would hold nothing once this
+        // agent stops; the successor takes it.
+        if lock(&self.state).closed {
+            return Err(Refused::Closing);
         }
+        let mut g = lock(&self.gates);
         let deadline = sub.deadline;
         // A predecessor's subscription of the same name, parked at the
         // takeover: this subscriber takes its place, and the holds queued
@@ -639,6 +641,13 @@ impl Hub {
         let parked = take_parked(&mut lock(&self.parked), &sub.name, |x| {
             x.uid == uid || uid == 0
         });
+        // Not counted against the limit: it takes a place it had.
+        if parked.is_none() && g.len() >= self.config.max_subscribers {
+            return Err(Refused::Full {
+                what: "gate subscribers",
+                max: self.config.max_subscribers,
+            });
+        }
         if let Some(Parked { id, holds: rx, .. }) = parked
             && let Some(s) = g.iter_mut().find(|s| s.id == id)
         {
@@ -684,10 +693,19 @@ impl Hub {
             {
                 s.gone_before.clear();
             } else if s.gone_before.contains(&id) {
-                if event.event == EventKind::Removed {
-                    s.gone_before.remove(&id);
+                // A container created again under the same id since is
+                // another one: its Added is observed after the takeover,
+                // and its Removed finds it live.
+                let late = match event.event {
+                    EventKind::Added => event.monotonic_ns < s.took_over_ns,
+                    EventKind::Removed => !s.live.contains_key(&id),
+                };
+                if late {
+                    if event.event == EventKind::Removed {
+                        s.gone_before.remove(&id);
+                    }
+                    return;
                 }
-                return;
             }
         }
         if let Some(sb) = s.standby.as_mut() {
@@ -913,6 +931,7 @@ impl Hub {
             // reports of them that come late change nothing.
             s.gone_before = sb.mirror_removed.clone();
             s.took_over_at = Some(Instant::now());
+            s.took_over_ns = lookout_model::monotonic_ns();
             (sb, mirrored)
         };
         let next = lock(&self.state).revision + 1;
@@ -1696,6 +1715,29 @@ mod tests {
         for id in ["b", "c", "d"] {
             assert!(ids.contains(&id.to_owned()), "{ids:?}");
         }
+        now().await;
+    }
+
+    #[tokio::test]
+    async fn late_own_reports_of_a_container_the_predecessor_removed_change_nothing() {
+        let old = hub(100, 100);
+        let new = hub(100, 100);
+        new.stand_by();
+        let early = added("x", Status::Running);
+        feed(&old, early.clone());
+        mirror_all(&old, &new).await;
+        feed(&old, removed("x"));
+        mirror_all(&old, &new).await;
+        new.take_over(true);
+        let rev = new.list(&Filter::default()).0;
+        // Its own reports, observed before the takeover, arrive late.
+        feed(&new, early);
+        feed(&new, removed("x"));
+        assert_eq!(new.list(&Filter::default()).0, rev, "no change for them");
+        // The same id created again afterwards is another container.
+        feed(&new, added("x", Status::Running));
+        feed(&new, removed("x"));
+        assert_eq!(new.list(&Filter::default()).0, rev + 2);
         now().await;
     }
 

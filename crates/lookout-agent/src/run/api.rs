@@ -26,6 +26,11 @@ const FLUSH: Duration = Duration::from_secs(2);
 /// successor takes over, at most.
 const SUCCESSOR_WAIT: Duration = Duration::from_secs(5);
 
+/// How long it goes on once the successor serves: a runtime exec its
+/// group received just before is read and decided (reading takes
+/// microseconds).
+const SETTLE: Duration = Duration::from_millis(100);
+
 /// What serving the socket needs from the flags.
 #[derive(Clone)]
 struct Config {
@@ -64,12 +69,16 @@ impl Api {
     /// `--no-socket`. The API is a consumer like any other: when it cannot
     /// be served, discovery goes on.
     /// Without `shared` (the socket's directory is not one only root can
-    /// write to), no lease: the socket is served at once.
+    /// write to), no lease: the socket is served at once. Without
+    /// `may_stand_by` (embedded: the caller gates through the hub itself,
+    /// and a standby hub holds nothing), a lease held by another agent
+    /// leaves the socket unserved instead.
     pub(super) fn start(
         args: &RunArgs,
         hub: &Arc<Hub>,
         side: &tokio::runtime::Handle,
         shared: bool,
+        may_stand_by: bool,
     ) -> Api {
         let config = (!args.no_socket).then(|| Config {
             socket: args.socket.clone(),
@@ -102,6 +111,15 @@ impl Api {
                 // No gates yet: a file left by an agent that is gone says so.
                 hub.write_book();
                 api.serve(hub);
+            }
+            Ok(None) if !may_stand_by => {
+                handover::unmark_standby(&config.socket);
+                tracing::error!(
+                    socket = %config.socket.display(),
+                    serving_pid = Lease::holder(&lease_file),
+                    "consumer API not served: another agent serves this socket (embedded \
+                     discovery does not stand by; give it a socket of its own)"
+                );
             }
             Ok(None) => {
                 hub.stand_by();
@@ -170,12 +188,17 @@ impl Api {
             }
         };
         let got_at = Instant::now();
-        if lock(&self.state).stopping {
-            handover::unmark_standby(&socket);
-            return;
+        {
+            let mut s = lock(&self.state);
+            if s.stopping || s.handed_over {
+                // Stopping too: let a later agent have it.
+                drop(lease);
+                handover::unmark_standby(&socket);
+                return;
+            }
+            s.lease = Some(lease);
         }
         let t = hub.take_over(clean);
-        lock(&self.state).lease = Some(lease);
         self.serve(&hub);
         // The old agent decides starts until this mark goes.
         handover::unmark_standby(&socket);
@@ -246,6 +269,10 @@ impl Api {
                 "the agent standing by did not take over in time; stopping anyway"
             );
         } else {
+            // Execs the successor let go while it stood by, and this
+            // agent's group has received but not yet read, are read and
+            // decided before discovery stops (it would let them go).
+            tokio::time::sleep(SETTLE).await;
             tracing::info!(
                 successor_pid = pid,
                 took_ms = started.elapsed().as_millis() as u64,

@@ -248,7 +248,8 @@ async fn run_async(
             }
         });
     }
-    let api = api::Api::start(&args, &hub, &side, coordinated);
+    let may_stand_by = matches!(control, Control::Signals);
+    let api = api::Api::start(&args, &hub, &side, coordinated, may_stand_by);
     let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
         vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
             &hub,
@@ -338,13 +339,14 @@ async fn run_async(
     // would run again, by the other agent), and so do the starts it
     // holds: one a successor let go while standing by is this agent's to
     // decide, by its gates, not by the exit's blanket allow.
-    let until = std::time::Instant::now() + args.hook_timeout.max(args.gate_max_deadline);
+    let until = std::time::Instant::now() + args.gate_max_deadline;
     while hub.starts_waiting() > 0 && std::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Decided: the gate subscribers may go to the successor (the one that
     // parked their gates holds its starts for them meanwhile).
     hub.end_gates();
+    let until = std::time::Instant::now() + args.hook_timeout;
     while hooks_in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
         && std::time::Instant::now() < until
     {
