@@ -123,19 +123,20 @@ def cmd_watch(pb, stub, args):
 
 
 def cmd_gate(pb, stub, args):
-    requests = queue.Queue()
-    requests.put(
-        pb.GateRequest(
-            subscribe=pb.Subscribe(
-                name=args.name,
-                filter=pb.Filter(runtimes=args.runtime),
-                deadline_ms=args.deadline_ms,
-                on_failure=pb.FAIL_OPEN,
-            )
+    """Holds on container starts, answered. When the agent ends the gate
+    (a rollout hands the socket to the new agent, or the agent restarts),
+    subscribe again under the same name: the new agent of a rollout holds
+    the starts of this gate for it meanwhile."""
+    subscribe = pb.GateRequest(
+        subscribe=pb.Subscribe(
+            name=args.name,
+            filter=pb.Filter(runtimes=args.runtime),
+            deadline_ms=args.deadline_ms,
+            on_failure=pb.FAIL_OPEN,
         )
     )
 
-    def outgoing():
+    def outgoing(requests):
         while True:
             r = requests.get()
             if r is None:
@@ -143,38 +144,50 @@ def cmd_gate(pb, stub, args):
             yield r
 
     answered = 0
-    responses = stub.Gate(outgoing())
-    try:
-        for resp in responses:
-            if resp.HasField("subscribed"):
-                emit(subscribed=resp.subscribed.name, deadline_ms=resp.subscribed.deadline_ms)
-                continue
-            hold = resp.hold
-            if args.holds and answered >= args.holds:
-                continue  # closing: the agent answers this one by our policy
-            allow = hold.container.id not in args.deny
-            if hold.held:
-                # A hold that is not held (a container that cannot be
-                # held) is news only: it takes no decision.
-                requests.put(
-                    pb.GateRequest(
-                        decision=pb.Decision(
-                            hold_id=hold.hold_id,
-                            allow=allow,
-                            reason="" if allow else "denied by lookout_consumer.py",
+    while True:
+        requests = queue.Queue()
+        requests.put(subscribe)
+        try:
+            for resp in stub.Gate(outgoing(requests)):
+                if resp.HasField("subscribed"):
+                    emit(subscribed=resp.subscribed.name, deadline_ms=resp.subscribed.deadline_ms)
+                    continue
+                hold = resp.hold
+                if args.holds and answered >= args.holds:
+                    continue  # closing: the agent answers this one by our policy
+                allow = hold.container.id not in args.deny
+                if hold.held:
+                    # A hold that is not held (a container that cannot be
+                    # held) is news only: it takes no decision.
+                    requests.put(
+                        pb.GateRequest(
+                            decision=pb.Decision(
+                                hold_id=hold.hold_id,
+                                allow=allow,
+                                reason="" if allow else "denied by lookout_consumer.py",
+                            )
                         )
                     )
-                )
-            emit(hold=hold.container.id, held=hold.held, allow=allow)
-            answered += 1
+                emit(hold=hold.container.id, held=hold.held, allow=allow)
+                answered += 1
+                if args.holds and answered >= args.holds:
+                    # Close our side after the decisions, which go first,
+                    # in order; the agent then ends the stream. Cancelling
+                    # the call instead could drop a decision not yet sent,
+                    # and the hold would fall to the on_failure policy.
+                    requests.put(None)
             if args.holds and answered >= args.holds:
-                # Close our side after the decisions, which go first, in
-                # order; the agent then ends the stream. Cancelling the
-                # call instead could drop a decision not yet sent, and
-                # the hold would fall to the on_failure policy.
-                requests.put(None)
-    finally:
-        requests.put(None)
+                return
+            # The agent ended the gate without an error: it stops.
+            emit(resubscribe="ended")
+        except grpc.RpcError as e:
+            # UNAVAILABLE: the agent went away (a rollout, a restart).
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            emit(resubscribe=e.code().name)
+        finally:
+            requests.put(None)
+        time.sleep(0.2)
 
 
 def cmd_health(_pb, channel, args):

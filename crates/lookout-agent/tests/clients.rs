@@ -280,6 +280,52 @@ fn python_grpcio_with_default_options_lists_watches_gates_checks_health_and_refl
     rt.cleanup(&denied);
 }
 
+/// A surge rollout under the Python gate: the old agent ends the gate at
+/// its SIGTERM, the client subscribes again under the same name, and the
+/// new agent, which held the gate's starts for it, asks it about the next
+/// container.
+#[test]
+fn the_python_gate_subscribes_again_to_the_agent_that_takes_over() {
+    if !ready("py_gate_rollout") {
+        return;
+    }
+    let Some(py) = python("py_gate_rollout") else {
+        return;
+    };
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("api/lookout.sock");
+    let s = socket.to_str().expect("utf-8");
+    let old = Agent::start(&rt, &["--socket", s]);
+    let gate = Running::start(consumer(
+        &py,
+        &socket,
+        &["gate", "--runtime", "runc", "--deadline-ms", "10000"],
+    ));
+    gate.wait("subscribed", |l| l.get("subscribed").is_some());
+    let new = Agent::start(&rt, &["--socket", s]);
+    new.wait_log("standing by", Duration::from_secs(5));
+    let (status, log) = old.stop();
+    assert!(status.success(), "{log}");
+    gate.wait("resubscribe", |l| l.get("resubscribe").is_some());
+    new.wait_log(
+        "gate subscriber back after the takeover",
+        Duration::from_secs(10),
+    );
+    let id = id("py-rollout");
+    let b = dir.path().join("b");
+    bundle::busybox(&b, &["true"], |_| {});
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    let started = start_container(&rt.path, &id);
+    // The resubscribed client was asked (other tests' containers found by
+    // the new agent's scan may come first, as holds not held).
+    gate.wait("the hold", |l| {
+        l["hold"] == id.as_str() && l["held"] == true
+    });
+    rt.cleanup(&id);
+    assert!(started, "the new agent's gate allowed it:\n{}", new.log());
+}
+
 #[test]
 fn a_raw_path_authority_as_grpc_java_sends_it_is_served() {
     if !ready("raw_authority") {
