@@ -124,8 +124,7 @@ impl Lease {
 
     /// The holder's pid, as it wrote it (for logs).
     pub fn holder(path: &Path) -> Option<u32> {
-        let b = read_limited(path, 32)?;
-        String::from_utf8(b).ok()?.trim().parse().ok()
+        read_pid(path)
     }
 
     fn mark(mut lock: Flock<File>) -> Lease {
@@ -144,6 +143,12 @@ fn standby_path(socket: &Path) -> PathBuf {
     beside(socket, "standby")
 }
 
+/// The pid written in the file at `path` (a lease or standby mark).
+fn read_pid(path: &Path) -> Option<u32> {
+    let b = read_limited(path, 32)?;
+    String::from_utf8(b).ok()?.trim().parse().ok()
+}
+
 /// Marks this process as the one waiting for the lease.
 pub fn mark_standby(socket: &Path) {
     let pid = format!("{}\n", std::process::id());
@@ -155,10 +160,7 @@ pub fn mark_standby(socket: &Path) {
 /// Removes this process's standby mark (it serves now, or stops).
 pub fn unmark_standby(socket: &Path) {
     let path = standby_path(socket);
-    let ours = read_limited(&path, 32)
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        == Some(std::process::id());
+    let ours = read_pid(&path) == Some(std::process::id());
     if ours {
         let _ = std::fs::remove_file(path);
     }
@@ -166,9 +168,7 @@ pub fn unmark_standby(socket: &Path) {
 
 /// The pid of another live agent standing by for the socket, if any.
 pub fn successor(socket: &Path) -> Option<u32> {
-    let pid: u32 = read_limited(&standby_path(socket), 32)
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|s| s.trim().parse().ok())?;
+    let pid = read_pid(&standby_path(socket))?;
     let alive = i32::try_from(pid)
         .ok()
         .filter(|p| *p > 0)

@@ -18,10 +18,11 @@ use std::time::Duration;
 use lookout_model::{Chain, ContainerEvent, EventKind, Sink, Source, Status};
 use lookout_oci_hooks::oci_spec::runtime::{ContainerState, Hook, HookBuilder};
 use lookout_oci_hooks::{HooksDirs, RunOptions, Target, run_hook, state_of};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use tokio::sync::watch;
 
 use crate::handover::{CLAIM_TTL, Claims, Once, claim_key};
+use crate::hub::Counted;
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -243,23 +244,7 @@ struct Dispatcher {
     /// hook and Event runs once between them.
     claims: Option<Claims>,
     /// Stages and Events not yet finished ([`HookSink::in_flight`]).
-    in_flight: Arc<AtomicUsize>,
-}
-
-/// Counts a task in [`Dispatcher::in_flight`] while it lives.
-struct Flight(Arc<AtomicUsize>);
-
-impl Flight {
-    fn new(n: &Arc<AtomicUsize>) -> Flight {
-        n.fetch_add(1, Ordering::AcqRel);
-        Flight(Arc::clone(n))
-    }
-}
-
-impl Drop for Flight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
+    in_flight: Arc<AtomicU64>,
 }
 
 /// A [`Sink`] that runs hooks and posts Events, then hands the event on.
@@ -311,7 +296,7 @@ impl<S: Sink> HookSink<S> {
             running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
             side,
             claims,
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            in_flight: Arc::new(AtomicU64::new(0)),
         });
         (
             HookSink {
@@ -326,7 +311,7 @@ impl<S: Sink> HookSink<S> {
 impl<S> HookSink<S> {
     /// Hook stages and Events still running (a shutdown waits for them, so
     /// that an agent replaced by a rollout finishes what it claimed).
-    pub fn in_flight(&self) -> Arc<AtomicUsize> {
+    pub fn in_flight(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.d.in_flight)
     }
 
@@ -487,7 +472,7 @@ impl Dispatcher {
                     });
                 let d = Arc::clone(self);
                 let e = event.clone();
-                let flight = Flight::new(&self.in_flight);
+                let flight = Counted::new(&self.in_flight);
                 self.side.spawn(async move {
                     let _flight = flight;
                     // The rate limit first, here on the side runtime (never
@@ -504,7 +489,7 @@ impl Dispatcher {
                     let config = d.config_of(&e).await;
                     if let Some(ev) = events {
                         let (d, e, config) = (Arc::clone(&d), e.clone(), config.clone());
-                        let flight = Flight::new(&d.in_flight);
+                        let flight = Counted::new(&d.in_flight);
                         tokio::spawn(async move {
                             let _flight = flight;
                             let post = || d.post_event(ev, &e, config.as_ref());
@@ -543,7 +528,7 @@ impl Dispatcher {
                 if !self.poststop.is_empty() || !self.settings.dirs.is_empty() {
                     let d = Arc::clone(self);
                     let e = event.clone();
-                    let flight = Flight::new(&self.in_flight);
+                    let flight = Counted::new(&self.in_flight);
                     self.side.spawn(async move {
                         let _flight = flight;
                         let config = d.config_of(&e).await;

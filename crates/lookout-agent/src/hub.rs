@@ -1282,7 +1282,7 @@ impl GateBarrier {
         if holds.is_empty() {
             return None;
         }
-        let waiting = Waiting::new(&hub.waiting);
+        let waiting = Counted::new(&hub.waiting);
         Some(Box::pin(async move {
             use futures::StreamExt;
             let _waiting = waiting;
@@ -1395,17 +1395,19 @@ impl Hub {
     }
 }
 
-/// Counts a held start in [`Hub::starts_waiting`] while it lives.
-struct Waiting(Arc<AtomicU64>);
+/// Counts one piece of work in a shared counter while it lives (a held
+/// start in [`Hub::starts_waiting`], a hook stage in flight): what a
+/// stopping agent waits for.
+pub(crate) struct Counted(Arc<AtomicU64>);
 
-impl Waiting {
-    fn new(n: &Arc<AtomicU64>) -> Waiting {
+impl Counted {
+    pub(crate) fn new(n: &Arc<AtomicU64>) -> Counted {
         n.fetch_add(1, Ordering::AcqRel);
-        Waiting(Arc::clone(n))
+        Counted(Arc::clone(n))
     }
 }
 
-impl Drop for Waiting {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
