@@ -32,6 +32,9 @@ pub struct Options {
     /// The nightly toolchain cargo-fuzz builds with.
     #[arg(long, default_value = "nightly")]
     pub toolchain: String,
+    /// Targets run at once (each is one libFuzzer process, one core).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs: u32,
 }
 
 /// The targets, from fuzz/Cargo.toml's `[[bin]]` names.
@@ -178,57 +181,77 @@ pub fn fuzz(opts: &Options) -> anyhow::Result<()> {
         "the targets build with the nightly toolchain; see docs/fuzzing.md",
     )?;
 
+    // `--jobs` targets at a time, each logging to its own file.
     let mut runs = Vec::new();
-    for t in &chosen {
-        let corpus = out.join("corpus").join(t);
-        let artifacts = out.join("artifacts").join(t);
-        let logs = out.join("logs");
-        for d in [&corpus, &artifacts, &logs] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        let mut cmd = Command::new(&cargo_fuzz);
-        base(&mut cmd);
-        cmd.args(["fuzz", "run", "--debug-assertions", "--target-dir"])
-            .arg(&build_dir)
-            .arg(t)
-            .arg(&corpus);
-        for extra in ["seeds", "regressions"] {
-            let d = fuzz_dir.join(extra).join(t);
-            if d.is_dir() {
-                cmd.arg(d);
+    let mut waiting: std::collections::VecDeque<&String> = chosen.iter().collect();
+    let mut running: Vec<(String, std::process::Child, Instant, std::path::PathBuf)> = Vec::new();
+    while !waiting.is_empty() || !running.is_empty() {
+        while running.len() < opts.jobs as usize
+            && let Some(t) = waiting.pop_front()
+        {
+            let corpus = out.join("corpus").join(t);
+            let artifacts = out.join("artifacts").join(t);
+            let logs = out.join("logs");
+            for d in [&corpus, &artifacts, &logs] {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             }
+            let mut cmd = Command::new(&cargo_fuzz);
+            base(&mut cmd);
+            cmd.args(["fuzz", "run", "--debug-assertions", "--target-dir"])
+                .arg(&build_dir)
+                .arg(t)
+                .arg(&corpus);
+            for extra in ["seeds", "regressions"] {
+                let d = fuzz_dir.join(extra).join(t);
+                if d.is_dir() {
+                    cmd.arg(d);
+                }
+            }
+            cmd.arg("--")
+                .arg(format!("-max_total_time={}", opts.time))
+                .arg(format!("-max_len={MAX_LEN}"))
+                .arg(format!("-artifact_prefix={}/", artifacts.display()))
+                .arg("-print_final_stats=1");
+            let log_path = logs.join(format!("{t}.log"));
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            say(STEP, &format!("{t}: {} s", opts.time));
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("running {}", cargo_fuzz.display()))?;
+            running.push((t.clone(), child, Instant::now(), log_path));
         }
-        cmd.arg("--")
-            .arg(format!("-max_total_time={}", opts.time))
-            .arg(format!("-max_len={MAX_LEN}"))
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg("-print_final_stats=1");
-        say(STEP, &format!("{t}: {} s", opts.time));
-        let started = Instant::now();
-        let output = cmd
-            .output()
-            .with_context(|| format!("running {}", cargo_fuzz.display()))?;
-        let log = String::from_utf8_lossy(&output.stderr).into_owned()
-            + &String::from_utf8_lossy(&output.stdout);
-        let log_path = logs.join(format!("{t}.log"));
-        std::fs::write(&log_path, &log)
-            .with_context(|| format!("writing {}", log_path.display()))?;
-        let mut run = Run {
-            target: t.clone(),
-            seconds: started.elapsed().as_secs_f64(),
-            ..Run::default()
-        };
-        summarise(&mut run, &log);
-        if !output.status.success() {
-            let artifact = log
-                .lines()
-                .find_map(|l| l.split("Test unit written to ").nth(1))
-                .map(str::to_owned)
-                .unwrap_or_else(|| format!("see {}", log_path.display()));
-            run.crashed = Some(artifact);
+        let mut i = 0;
+        while i < running.len() {
+            let Some(status) = running[i].1.try_wait()? else {
+                i += 1;
+                continue;
+            };
+            let (t, _, started, log_path) = running.swap_remove(i);
+            let log = std::fs::read_to_string(&log_path)
+                .with_context(|| format!("reading {}", log_path.display()))?;
+            let mut run = Run {
+                target: t,
+                seconds: started.elapsed().as_secs_f64(),
+                ..Run::default()
+            };
+            summarise(&mut run, &log);
+            if !status.success() {
+                let artifact = log
+                    .lines()
+                    .find_map(|l| l.split("Test unit written to ").nth(1))
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("see {}", log_path.display()));
+                run.crashed = Some(artifact);
+            }
+            runs.push(run);
         }
-        runs.push(run);
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    runs.sort_by(|a, b| a.target.cmp(&b.target));
 
     println!(
         "{:<18} {:>8} {:>12} {:>10} {:>6} {:>7}  result",

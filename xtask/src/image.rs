@@ -1,9 +1,11 @@
 //! `cargo xtask image`: the agent's OCI image, built with no registry, no
-//! daemon and no base image.
+//! daemon and no base image, for `linux/amd64` and `linux/arm64` (one
+//! image index, a manifest per platform).
 //!
-//! The image holds the stripped `lookout` binary (the BPF object embedded),
-//! the glibc libraries it links, as this machine's Debian packages ship
-//! them, and `/etc/passwd` + `/etc/group` with `root` and `nonroot`
+//! Each platform's image holds the stripped `lookout` binary (the BPF
+//! object, the same for both, embedded), the glibc libraries it links, as
+//! this machine's Debian packages ship them (arm64: Debian's cross
+//! toolchain, `libc6-arm64-cross`, the same files as `libc6:arm64`), and `/etc/passwd` + `/etc/group` with `root` and `nonroot`
 //! (65532). No shell, no package manager. Its layout follows
 //! `deploy/Containerfile`, which stays the reference for CI systems that can
 //! pull base images (docs/deploy.md compares the two).
@@ -13,7 +15,8 @@
 //! commit's time, owner 0:0 and a fixed mode, entries are sorted, gzip has
 //! no time stamp, and the JSON documents are written from fixed structures.
 //! `--check` builds the image a second time in another target directory
-//! and fails unless both digests agree.
+//! and fails unless both digests agree (the index's digest covers both
+//! platforms).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,6 +31,38 @@ use crate::util::{cargo, exec, output, say, workspace_root};
 
 /// Where the binary lives in the image.
 pub const BINARY: &str = "usr/local/bin/lookout";
+
+/// A platform the image is built for.
+#[derive(Debug, Clone, Copy)]
+pub struct Platform {
+    /// OCI's (and Debian's) architecture name.
+    pub arch: &'static str,
+    /// Rust's target.
+    pub triple: &'static str,
+    /// OCI's variant, when the architecture has one.
+    variant: Option<&'static str>,
+    /// The GNU cross tools' prefix; `None` builds with this machine's own.
+    cross: Option<&'static str>,
+}
+
+/// The image's platforms, in the index's order.
+pub const PLATFORMS: &[Platform] = &[
+    Platform {
+        arch: "amd64",
+        triple: "x86_64-unknown-linux-gnu",
+        variant: None,
+        cross: None,
+    },
+    Platform {
+        arch: "arm64",
+        triple: "aarch64-unknown-linux-gnu",
+        variant: Some("v8"),
+        cross: Some("aarch64-linux-gnu"),
+    },
+];
+
+/// Debian packages that cross-build the arm64 agent.
+pub const CROSS_PACKAGES: &[&str] = &["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"];
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -88,7 +123,8 @@ pub fn image(opts: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the agent in `target/image/<target_dir>` and the archive from it.
+/// Builds the agent for every platform in `target/image/<target_dir>` and
+/// the archive from them.
 pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
     crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
         toolchain: "nightly".into(),
@@ -97,6 +133,73 @@ pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
     let out = root.join("target/image");
     let target = out.join(target_dir);
     std::fs::create_dir_all(&target)?;
+    let epoch = source_date_epoch();
+    let revision = output(
+        Command::new("git")
+            .current_dir(&root)
+            .args(["rev-parse", "HEAD"]),
+    )
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|| "unknown".into());
+    let version = env!("CARGO_PKG_VERSION");
+    let reference = format!("{}:{version}", opts.name);
+    let labels = json!({
+        "org.opencontainers.image.title": "lookout",
+        "org.opencontainers.image.description":
+            "Discovers every container on a Kubernetes node before its first instruction",
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": rfc3339(epoch),
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.source": "https://github.com/lookout-dev/lookout",
+        "org.opencontainers.image.ref.name": reference,
+    });
+    let mut images = Vec::new();
+    for platform in PLATFORMS {
+        let stripped = compile(platform, &root, &out, &target, target_dir == "build")?;
+        images.push((*platform, layer_files(platform, &stripped)?));
+    }
+    let archive_name = if target_dir == "build" {
+        "lookout.oci.tar".to_owned()
+    } else {
+        format!("lookout-{target_dir}.oci.tar")
+    };
+    let archive = out.join(archive_name);
+    let digest = write_archive(&archive, &images, epoch, &reference, labels)?;
+    let size = std::fs::metadata(&archive)?.len();
+    let platforms: Vec<String> = PLATFORMS
+        .iter()
+        .map(|p| format!("linux/{}", p.arch))
+        .collect();
+    say(
+        "image",
+        &format!(
+            "{} ({:.1} MB, {}; debug info beside it): {reference} {digest}",
+            archive.display(),
+            size as f64 / 1e6,
+            platforms.join(" and "),
+        ),
+    );
+    Ok(Built {
+        archive,
+        digest,
+        reference,
+    })
+}
+
+/// Builds the agent for `platform` in `target`, splits its debug info off
+/// (`lookout[-ARCH].debug`, beside the archive for the main build) and
+/// returns the stripped binary.
+fn compile(
+    platform: &Platform,
+    root: &Path,
+    out: &Path,
+    target: &Path,
+    main: bool,
+) -> anyhow::Result<PathBuf> {
+    if let Some(prefix) = platform.cross {
+        cross_toolchain(platform.triple, prefix)?;
+    }
     let cargo_home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -111,56 +214,90 @@ pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
         format!("--remap-path-prefix={}=/build/target", target.display()),
     ]
     .join("\x1f");
-    exec(
-        "image",
-        cargo()
-            .args(["build", "-j2", "--release", "--locked"])
-            .args(["-p", "lookout-agent", "--bin", "lookout"])
-            .arg("--target-dir")
-            .arg(&target)
-            .env_remove("RUSTFLAGS")
-            .env("CARGO_ENCODED_RUSTFLAGS", rustflags),
-        "read the compiler error above",
-    )?;
-    let binary = target.join("release/lookout");
+    let mut cmd = cargo();
+    cmd.args(["build", "-j2", "--release", "--locked"])
+        .args(["-p", "lookout-agent", "--bin", "lookout"])
+        .args(["--target", platform.triple])
+        .arg("--target-dir")
+        .arg(target)
+        .env_remove("RUSTFLAGS")
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags);
+    if let Some(prefix) = platform.cross {
+        let t = platform.triple.replace('-', "_");
+        cmd.env(
+            format!("CARGO_TARGET_{}_LINKER", t.to_uppercase()),
+            format!("{prefix}-gcc"),
+        )
+        .env(format!("CC_{t}"), format!("{prefix}-gcc"))
+        .env(format!("AR_{t}"), format!("{prefix}-ar"));
+    }
+    exec("image", &mut cmd, "read the compiler error above")?;
+    let binary = target.join(platform.triple).join("release/lookout");
 
     // The debug info stays beside the image, linked by name and CRC (the
     // same file name for every build: the link is part of the binary).
-    let beside = if target_dir == "build" { &out } else { &target };
-    let debug = beside.join("lookout.debug");
-    let stripped = beside.join("lookout.stripped");
+    let beside = if main { out } else { target };
+    let name = match platform.cross {
+        None => "lookout".to_owned(),
+        Some(_) => format!("lookout-{}", platform.arch),
+    };
+    let debug = beside.join(format!("{name}.debug"));
+    let stripped = beside.join(format!("{name}.stripped"));
+    let objcopy = platform
+        .cross
+        .map_or("objcopy".to_owned(), |p| format!("{p}-objcopy"));
     exec(
         "image",
-        Command::new("objcopy")
+        Command::new(&objcopy)
             .arg("--only-keep-debug")
             .arg(&binary)
             .arg(&debug),
-        "install binutils",
+        "install binutils (and the cross toolchain: cargo xtask test installs it)",
     )?;
     exec(
         "image",
-        Command::new("objcopy")
+        Command::new(&objcopy)
             .arg("--strip-all")
             .arg(format!("--add-gnu-debuglink={}", debug.display()))
             .arg(&binary)
             .arg(&stripped),
         "install binutils",
     )?;
+    Ok(stripped)
+}
 
-    let epoch = source_date_epoch();
-    let revision = output(
-        Command::new("git")
-            .current_dir(&root)
-            .args(["rev-parse", "HEAD"]),
-    )
-    .map(|s| s.trim().to_owned())
-    .unwrap_or_else(|| "unknown".into());
-    let version = env!("CARGO_PKG_VERSION");
+/// Makes sure rustup has `triple` and that the GNU cross tools `prefix-*`
+/// are installed (with apt-get, as root).
+fn cross_toolchain(triple: &str, prefix: &str) -> anyhow::Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .is_some_and(|t| t.lines().any(|l| l.trim() == triple));
+    if !installed {
+        exec(
+            "image",
+            Command::new("rustup").args(["target", "add", triple]),
+            "check the network access to static.rust-lang.org",
+        )?;
+    }
+    if output(Command::new(format!("{prefix}-gcc")).arg("--version")).is_none() {
+        if crate::util::is_root() {
+            crate::test::install(CROSS_PACKAGES)?;
+        } else {
+            bail!(
+                "{prefix}-gcc not found: install {CROSS_PACKAGES:?} (as root, cargo xtask image does)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The files of `platform`'s layer: the binary, its libraries, the users
+/// and the mount points.
+fn layer_files(platform: &Platform, stripped: &Path) -> anyhow::Result<Files> {
     let mut files = Files::default();
-    files.file(BINARY, 0o755, std::fs::read(&stripped)?);
-    for lib in shared_libraries(&stripped)? {
+    files.file(BINARY, 0o755, std::fs::read(stripped)?);
+    for (lib, at) in shared_libraries(platform, stripped)? {
         let bytes = std::fs::read(&lib).with_context(|| format!("reading {}", lib.display()))?;
-        let path = lib.to_str().context("library path is not UTF-8")?;
+        let path = at.to_str().context("library path is not UTF-8")?;
         files.file(path.trim_start_matches('/'), 0o755, bytes);
     }
     files.file(
@@ -187,42 +324,7 @@ pub fn build(opts: &Options, target_dir: &str) -> anyhow::Result<Built> {
         files.dir(dir, if dir == "tmp" { 0o1777 } else { 0o755 });
     }
     files.dir("home/nonroot", 0o755);
-
-    let reference = format!("{}:{version}", opts.name);
-    let labels = json!({
-        "org.opencontainers.image.title": "lookout",
-        "org.opencontainers.image.description":
-            "Discovers every container on a Kubernetes node before its first instruction",
-        "org.opencontainers.image.version": version,
-        "org.opencontainers.image.revision": revision,
-        "org.opencontainers.image.created": rfc3339(epoch),
-        "org.opencontainers.image.licenses": "Apache-2.0",
-        "org.opencontainers.image.source": "https://github.com/lookout-dev/lookout",
-        "org.opencontainers.image.ref.name": reference,
-    });
-    let archive_name = if target_dir == "build" {
-        "lookout.oci.tar".to_owned()
-    } else {
-        format!("lookout-{target_dir}.oci.tar")
-    };
-    let archive = out.join(archive_name);
-    let digest = write_archive(&archive, &files, epoch, &reference, labels)?;
-    let size = std::fs::metadata(&archive)?.len();
-    say(
-        "image",
-        &format!(
-            "{} ({:.1} MB, binary {:.1} MB stripped, debug info in {}): {reference} {digest}",
-            archive.display(),
-            size as f64 / 1e6,
-            std::fs::metadata(&stripped)?.len() as f64 / 1e6,
-            debug.display()
-        ),
-    );
-    Ok(Built {
-        archive,
-        digest,
-        reference,
-    })
+    Ok(files)
 }
 
 /// The commit's time, or `$SOURCE_DATE_EPOCH`.
@@ -247,28 +349,69 @@ fn rfc3339(epoch: u64) -> String {
         .to_string()
 }
 
-/// The shared libraries `binary` loads, as `ldd` resolves them (absolute
-/// paths, the dynamic loader included).
-fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let text = output(Command::new("ldd").arg(binary))
-        .with_context(|| format!("ldd {} failed", binary.display()))?;
+/// The shared libraries `binary` loads: where to read each, and where it
+/// goes in the image. This machine's own from `ldd`; a cross-built
+/// binary's from `readelf` (its `NEEDED` entries and interpreter) in the
+/// cross toolchain's sysroot, placed where Debian's `libc6` of that
+/// architecture has them.
+fn shared_libraries(platform: &Platform, binary: &Path) -> anyhow::Result<Vec<(PathBuf, PathBuf)>> {
+    let Some(prefix) = platform.cross else {
+        let text = output(Command::new("ldd").arg(binary))
+            .with_context(|| format!("ldd {} failed", binary.display()))?;
+        let mut libs = Vec::new();
+        for line in text.lines() {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)" or "linux-vdso.so.1 (0x...)".
+            let path = match line.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                libs.push((PathBuf::from(p), PathBuf::from(p)));
+            }
+        }
+        if libs.is_empty() {
+            bail!("ldd found no library in {}:\n{text}", binary.display());
+        }
+        libs.sort();
+        libs.dedup();
+        return Ok(libs);
+    };
+    let sysroot = PathBuf::from(format!("/usr/{prefix}/lib"));
     let mut libs = Vec::new();
-    for line in text.lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
-        // "/lib64/ld-linux-x86-64.so.2 (0x...)" or "linux-vdso.so.1 (0x...)".
-        let path = match line.split_once("=>") {
-            Some((_, right)) => right.split_whitespace().next(),
-            None => line.split_whitespace().next(),
-        };
-        if let Some(p) = path.filter(|p| p.starts_with('/')) {
-            libs.push(PathBuf::from(p));
+    let mut todo = vec![binary.to_path_buf()];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(file) = todo.pop() {
+        let text = output(Command::new("readelf").args(["-d", "-l", "-W"]).arg(&file))
+            .with_context(|| format!("readelf {} failed (install binutils)", file.display()))?;
+        for line in text.lines() {
+            if let Some(rest) = line.split("[Requesting program interpreter: ").nth(1) {
+                let at = PathBuf::from(rest.trim_end_matches(']'));
+                let name = at.file_name().context("interpreter path")?;
+                if seen.insert(at.clone()) {
+                    libs.push((sysroot.join(name), at));
+                }
+            }
+            if line.contains("(NEEDED)")
+                && let Some(name) = line.split('[').nth(1).map(|s| s.trim_end_matches(']'))
+            {
+                let from = sysroot.join(name);
+                if !from.is_file() {
+                    bail!(
+                        "{} needs {name}, not in {}",
+                        file.display(),
+                        sysroot.display()
+                    );
+                }
+                let at = PathBuf::from(format!("/lib/{prefix}/{name}"));
+                if seen.insert(at.clone()) {
+                    todo.push(from.clone());
+                    libs.push((from, at));
+                }
+            }
         }
     }
-    if libs.is_empty() {
-        bail!("ldd found no library in {}:\n{text}", binary.display());
-    }
     libs.sort();
-    libs.dedup();
     Ok(libs)
 }
 
@@ -341,78 +484,105 @@ fn sha256(bytes: &[u8]) -> String {
     s
 }
 
-/// Writes the OCI image layout as a tar archive; returns the manifest's
-/// digest.
+/// Writes the OCI image layout as a tar archive, one manifest per
+/// platform under one index; returns the index's digest (the image's
+/// identity, what a registry would record for the tag).
 pub fn write_archive(
     archive: &Path,
-    files: &Files,
+    images: &[(Platform, Files)],
     epoch: u64,
     reference: &str,
     labels: serde_json::Value,
 ) -> anyhow::Result<String> {
-    let layer = layer_tar(files, epoch)?;
-    let diff_id = sha256(&layer);
-    let mut gz = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(Vec::new(), flate2::Compression::best());
-    gz.write_all(&layer)?;
-    let layer_gz = gz.finish()?;
     let created = rfc3339(epoch);
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": {
-            "Entrypoint": [format!("/{BINARY}")],
-            "Cmd": ["run"],
-            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
-            "WorkingDir": "/",
-            "Labels": labels,
-        },
-        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
-        "history": [{ "created": created, "created_by": "cargo xtask image" }],
-    }))?;
-    let manifest = serde_json::to_vec(&json!({
+    let mut blobs = Files::default();
+    let mut entries = Vec::new();
+    for (platform, files) in images {
+        let layer = layer_tar(files, epoch)?;
+        let diff_id = sha256(&layer);
+        let mut gz = flate2::GzBuilder::new()
+            .mtime(0)
+            .write(Vec::new(), flate2::Compression::best());
+        gz.write_all(&layer)?;
+        let layer_gz = gz.finish()?;
+        let mut config = json!({
+            "architecture": platform.arch,
+            "os": "linux",
+            "created": created,
+            "config": {
+                "Entrypoint": [format!("/{BINARY}")],
+                "Cmd": ["run"],
+                "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
+                "WorkingDir": "/",
+                "Labels": labels,
+            },
+            "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+            "history": [{ "created": created, "created_by": "cargo xtask image" }],
+        });
+        let mut os_platform = json!({"architecture": platform.arch, "os": "linux"});
+        if let Some(v) = platform.variant {
+            config["variant"] = json!(v);
+            os_platform["variant"] = json!(v);
+        }
+        let config = serde_json::to_vec(&config)?;
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": sha256(&config),
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": sha256(&layer_gz),
+                "size": layer_gz.len(),
+            }],
+            "annotations": { "org.opencontainers.image.created": created },
+        }))?;
+        entries.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": sha256(&manifest),
+            "size": manifest.len(),
+            "platform": os_platform,
+        }));
+        for blob in [config, manifest, layer_gz] {
+            let name = format!("blobs/sha256/{}", &sha256(&blob)["sha256:".len()..]);
+            blobs.file(&name, 0o644, blob);
+        }
+    }
+    // The image: an index of the platforms' manifests, as a registry
+    // serves a multi-platform tag.
+    let image_index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": sha256(&config),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": sha256(&layer_gz),
-            "size": layer_gz.len(),
-        }],
-        "annotations": { "org.opencontainers.image.created": created },
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries,
     }))?;
-    let digest = sha256(&manifest);
+    let digest = sha256(&image_index);
     let index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "mediaType": "application/vnd.oci.image.index.v1+json",
             "digest": digest,
-            "size": manifest.len(),
+            "size": image_index.len(),
             "annotations": {
                 "io.containerd.image.name": reference,
                 "org.opencontainers.image.ref.name": reference.rsplit_once(':').map_or("latest", |(_, t)| t),
             },
         }],
     }))?;
-
-    let mut blobs = Files::default();
+    blobs.file(
+        &format!("blobs/sha256/{}", &digest["sha256:".len()..]),
+        0o644,
+        image_index,
+    );
     blobs.file(
         "oci-layout",
         0o644,
         br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
     );
     blobs.file("index.json", 0o644, index);
-    for blob in [config, manifest, layer_gz] {
-        let name = format!("blobs/sha256/{}", &sha256(&blob)["sha256:".len()..]);
-        blobs.file(&name, 0o644, blob);
-    }
     let tmp = archive.with_extension("tar.tmp");
     std::fs::write(&tmp, layer_tar(&blobs, epoch)?)?;
     std::fs::rename(&tmp, archive)?;
@@ -423,12 +593,61 @@ pub fn write_archive(
 mod tests {
     use super::*;
 
-    fn files(order: &[(&str, &[u8])]) -> Files {
-        let mut f = Files::default();
-        for (p, b) in order {
-            f.file(p, 0o644, b.to_vec());
+    fn image(order: &[(&str, &[u8])]) -> Vec<(Platform, Files)> {
+        PLATFORMS
+            .iter()
+            .map(|p| {
+                let mut f = Files::default();
+                for (path, b) in order {
+                    f.file(path, 0o644, b.to_vec());
+                }
+                (*p, f)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_index_names_a_manifest_per_platform() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("i.tar");
+        let top = write_archive(&path, &image(&[("usr/bin/x", b"x")]), 7, "n:1", json!({}))
+            .expect("archive");
+        let mut blobs = BTreeMap::new();
+        let mut tar = tar::Archive::new(std::fs::File::open(&path).expect("open"));
+        for e in tar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let name = e.path().expect("path").to_string_lossy().into_owned();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut bytes).expect("read");
+            blobs.insert(name, bytes);
         }
-        f
+        let blob = |d: &str| -> serde_json::Value {
+            serde_json::from_slice(&blobs[&format!("blobs/sha256/{}", &d["sha256:".len()..])])
+                .expect("json blob")
+        };
+        let index: serde_json::Value =
+            serde_json::from_slice(&blobs["index.json"]).expect("index.json");
+        assert_eq!(
+            index["manifests"][0]["digest"],
+            top.as_str(),
+            "the image is the index"
+        );
+        let platforms = blob(&top)["manifests"]
+            .as_array()
+            .expect("manifests")
+            .iter()
+            .map(|m| {
+                let manifest = blob(m["digest"].as_str().expect("digest"));
+                let config = blob(manifest["config"]["digest"].as_str().expect("config"));
+                // The index's platform is the config's.
+                assert_eq!(config["architecture"], m["platform"]["architecture"]);
+                m["platform"]["architecture"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(platforms, ["amd64", "arm64"]);
     }
 
     #[test]
@@ -438,7 +657,7 @@ mod tests {
         let labels = || json!({"org.opencontainers.image.version": "1"});
         let one = write_archive(
             &a,
-            &files(&[("usr/bin/x", b"x"), ("etc/y", b"y")]),
+            &image(&[("usr/bin/x", b"x"), ("etc/y", b"y")]),
             7,
             "n:1",
             labels(),
@@ -447,7 +666,7 @@ mod tests {
         // Another order of insertion: the same bytes.
         let two = write_archive(
             &b,
-            &files(&[("etc/y", b"y"), ("usr/bin/x", b"x")]),
+            &image(&[("etc/y", b"y"), ("usr/bin/x", b"x")]),
             7,
             "n:1",
             labels(),
@@ -458,7 +677,7 @@ mod tests {
         // And a change of contents is a change of digest.
         let three = write_archive(
             &b,
-            &files(&[("etc/y", b"z"), ("usr/bin/x", b"x")]),
+            &image(&[("etc/y", b"z"), ("usr/bin/x", b"x")]),
             7,
             "n:1",
             labels(),

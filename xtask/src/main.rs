@@ -11,6 +11,7 @@ mod repeat;
 mod run;
 mod test;
 mod util;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +48,10 @@ enum Command {
     /// Check each published library's public API (rustdoc JSON, nightly)
     /// against xtask/public-api/<crate>.txt; `--bless` rewrites them.
     PublicApi(public_api::Options),
+    /// Boot Debian's own kernels (5.10, 6.1, 6.12; amd64 and arm64) under
+    /// QEMU and run the image's agent there against each release's runc
+    /// and crun; writes target/vm-test/report.json.
+    VmTest(vm::Options),
 }
 
 fn main() {
@@ -60,6 +65,7 @@ fn main() {
         Command::Image(o) => image::image(&o),
         Command::Outside(o) => outside::outside(&o),
         Command::PublicApi(o) => public_api::public_api(&o),
+        Command::VmTest(o) => vm::vm_test(&o),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

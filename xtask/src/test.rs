@@ -69,7 +69,7 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     }
     let root = is_root();
     if root && !opts.no_install {
-        install_packages()?;
+        install(PACKAGES)?;
     } else if !root {
         say(
             "test",
@@ -115,17 +115,18 @@ fn installed(pkg: &str) -> bool {
         .is_some_and(|s| s.contains("install ok installed"))
 }
 
-fn install_packages() -> anyhow::Result<()> {
+/// Installs those of `packages` that are missing, with apt-get (as root).
+pub fn install(packages: &[&str]) -> anyhow::Result<()> {
     if output(Command::new("apt-get").arg("--version")).is_none() {
         say(
             "test",
-            "apt-get not found: install these packages yourself: {PACKAGES:?}",
+            &format!("apt-get not found: install these packages yourself: {packages:?}"),
         );
         return Ok(());
     }
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
-        say("test", "all test packages are installed");
+        say("test", "all needed packages are installed");
         return Ok(());
     }
     say("test", &format!("installing {}", missing.join(" ")));

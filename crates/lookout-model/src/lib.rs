@@ -57,6 +57,73 @@ pub fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> PathBuf
     host_root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
+/// Resolves `path`, a host path, under `host_root` as the host resolves it:
+/// symlinks are followed, but an absolute link starts again at
+/// `host_root` and `..` never goes above it (at most 40 links, as the
+/// kernel allows; more is `ELOOP`). Returns the path under `host_root`.
+///
+/// A DaemonSet sees the host at `/host`; a host symlink such as
+/// `/usr/bin/sh -> /bin/dash` must be read as `/host/bin/dash`, not as the
+/// pod's own `/bin/dash`.
+///
+/// ```
+/// use lookout_model::resolve_in_root;
+/// let root = std::env::temp_dir().join(format!("resolve-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+/// std::fs::write(root.join("usr/bin/dash"), b"").unwrap();
+/// let _ = std::fs::remove_file(root.join("usr/bin/sh"));
+/// std::os::unix::fs::symlink("/usr/bin/dash", root.join("usr/bin/sh")).unwrap();
+/// let got = resolve_in_root(&root, std::path::Path::new("/usr/bin/sh")).unwrap();
+/// assert_eq!(got, root.join("usr/bin/dash"));
+/// # std::fs::remove_dir_all(&root).unwrap();
+/// ```
+pub fn resolve_in_root(
+    host_root: &std::path::Path,
+    path: &std::path::Path,
+) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    const MAX_LINKS: usize = 40;
+    let mut links = 0;
+    // Components still to walk, reversed (a stack).
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    let push = |todo: &mut Vec<std::ffi::OsString>, p: &std::path::Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(s) => todo.push(s.to_os_string()),
+                Component::ParentDir => todo.push("..".into()),
+                _ => {}
+            }
+        }
+    };
+    push(&mut todo, path);
+    let mut done: Vec<std::ffi::OsString> = Vec::new();
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let mut at = host_root.to_path_buf();
+        at.extend(&done);
+        at.push(&c);
+        if !std::fs::symlink_metadata(&at)?.file_type().is_symlink() {
+            done.push(c);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        let target = std::fs::read_link(&at)?;
+        if target.is_absolute() {
+            done.clear();
+        }
+        push(&mut todo, &target);
+    }
+    let mut out = host_root.to_path_buf();
+    out.extend(&done);
+    Ok(out)
+}
+
 /// Displays an error with its whole chain of causes, `outer: cause: root`.
 ///
 /// lookout's errors keep their causes as [`std::error::Error::source`] and

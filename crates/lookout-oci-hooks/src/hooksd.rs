@@ -265,11 +265,15 @@ pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, Load
     let text = std::fs::read(path).map_err(read)?;
     let c = parse_file(&text, path)?;
     let p = c.hook.path();
-    let here = hook_root.join(p.strip_prefix("/").unwrap_or(p));
-    if let Err(source) = std::fs::metadata(&here) {
+    // The hook runs in the host's mount namespace: its symlinks (an
+    // absolute `/usr/bin/sh -> /bin/dash`) are the host's, read under
+    // `hook_root`, not this process's root.
+    let checked = lookout_model::resolve_in_root(hook_root, p)
+        .and_then(|here| std::fs::metadata(&here).map(|_| ()));
+    if let Err(source) = checked {
         return Err(LoadError::HookPath {
             path: path.to_path_buf(),
-            hook_path: here,
+            hook_path: lookout_model::host_path(hook_root, p),
             source,
         });
     }
@@ -689,6 +693,43 @@ mod tests {
         );
         let dirs = HooksDirs::with_hook_root(vec![dir.path().to_path_buf()], root.path().into());
         assert_eq!(dirs.loaded.hooks.len(), 1);
+    }
+
+    #[test]
+    fn hook_paths_follow_the_hosts_absolute_symlinks() {
+        // Found on a Debian guest (cargo xtask vm-test): the host's
+        // `/bin/sh` is a link to `/bin/busybox`, which the agent's own root
+        // does not have. The link is the host's: read under the host root.
+        let root = tempfile::tempdir().expect("root");
+        std::fs::create_dir_all(root.path().join("usr/bin")).expect("dirs");
+        // A directory this machine does not have, so that a check against
+        // this process's root cannot pass by chance.
+        std::fs::create_dir_all(root.path().join("lk-host-only")).expect("dirs");
+        std::fs::write(root.path().join("lk-host-only/busybox"), "").expect("busybox");
+        std::os::unix::fs::symlink("usr/bin", root.path().join("bin")).expect("merged /bin");
+        std::os::unix::fs::symlink("/lk-nowhere/busybox", root.path().join("usr/bin/gone"))
+            .expect("dangling");
+        std::os::unix::fs::symlink("/lk-host-only/busybox", root.path().join("usr/bin/sh"))
+            .expect("sh");
+        let dir = tempfile::tempdir().expect("hooks.d");
+        let file = |name: &str, path: &str| {
+            let f = dir.path().join(name);
+            std::fs::write(
+                &f,
+                format!(
+                    r#"{{"version":"1.0.0","hook":{{"path":"{path}"}},"when":{{"always":true}},"stages":["prestart"]}}"#
+                ),
+            )
+            .expect("write");
+            f
+        };
+        let h = load_file_under(root.path(), &file("sh.json", "/bin/sh")).expect("resolved");
+        assert_eq!(h.hook.path(), Path::new("/bin/sh"), "kept the host path");
+        // A link to nothing on the host is still refused.
+        assert!(matches!(
+            load_file_under(root.path(), &file("gone.json", "/usr/bin/gone")),
+            Err(LoadError::HookPath { .. })
+        ));
     }
 
     #[test]

@@ -147,6 +147,25 @@ fn open_namespaces(pid: u32) -> (Vec<OwnedFd>, bool) {
     (fds, mnt)
 }
 
+/// `/proc/<pid>/root`, opened, when it is not our own root: the agent
+/// runs chrooted (a chroot, systemd's `RootDirectory=`) in the mount
+/// namespace of `pid`. Entering it needs CAP_SYS_CHROOT.
+fn other_root(pid: u32) -> Option<OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/root")).ok()?;
+    let ours = std::fs::metadata("/proc/self/root").ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return None;
+    }
+    match std::fs::File::open(format!("/proc/{pid}/root")) {
+        Ok(f) => Some(OwnedFd::from(f)),
+        Err(e) => {
+            tracing::warn!(pid, %e, "cannot enter the root of the host's process; the hook runs in ours");
+            None
+        }
+    }
+}
+
 /// Runs `hook` with `state` on stdin.
 ///
 /// The hook gets `hook.args` as its argv (`args[0]` is argv\[0\], as with
@@ -165,15 +184,21 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         Some(pid) => open_namespaces(pid),
         None => (Vec::new(), false),
     };
-    // Host paths: as they are in the host's mount namespace, under
-    // `host_root` from ours.
-    let here = |p: &Path| opts.host_root.join(p.strip_prefix("/").unwrap_or(p));
-    let program = if enters_mnt {
-        path.clone()
-    } else {
-        here(&path)
+    // In the host's mount namespace already, but under another root (a
+    // chrooted agent): the hook enters the host process's root instead.
+    let root = match opts.namespaces_of {
+        Some(pid) if !enters_mnt => other_root(pid),
+        _ => None,
     };
-    let cwd = if enters_mnt {
+    let in_host = enters_mnt || root.is_some();
+    // Host paths: as they are in the host's mount namespace, or else under
+    // `host_root` from ours, the host's symlinks followed there.
+    let here = |p: &Path| {
+        lookout_model::resolve_in_root(&opts.host_root, p)
+            .unwrap_or_else(|_| lookout_model::host_path(&opts.host_root, p))
+    };
+    let program = if in_host { path.clone() } else { here(&path) };
+    let cwd = if in_host {
         opts.cwd.clone()
     } else {
         here(&opts.cwd)
@@ -200,10 +225,11 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         .process_group(0)
         .kill_on_drop(true);
     let ns_fds: Vec<RawFd> = namespaces.iter().map(AsRawFd::as_raw_fd).collect();
+    let root_fd: Option<RawFd> = root.as_ref().map(AsRawFd::as_raw_fd);
     let close = opts.close_fds.clone();
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe syscalls (close, setns, chdir) on plain
-    // integers and on a C string allocated before the fork.
+    // only async-signal-safe syscalls (close, setns, fchdir, chroot, chdir)
+    // on plain integers and on C strings allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &close {
@@ -213,6 +239,11 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
                 if libc::setns(*fd, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            if let Some(fd) = root_fd
+                && (libc::fchdir(fd) != 0 || libc::chroot(c".".as_ptr()) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
             }
             // After setns: entering a mount namespace moved us to its root.
             if libc::chdir(cwd.as_ptr()) != 0 {
@@ -227,6 +258,7 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         source,
     })?;
     drop(namespaces);
+    drop(root);
     let pgid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         // A hook that does not read its stdin must not block us: write

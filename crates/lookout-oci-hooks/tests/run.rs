@@ -161,3 +161,87 @@ async fn chosen_fds_are_closed_in_the_hook() {
     assert_eq!(o.stdout.trim(), "closed");
     drop(f);
 }
+
+/// Root, or a loud skip (a failure under CI, where root is given).
+fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root, and CI runs as root"
+    );
+    eprintln!("!!! SKIPPED {test}: needs root (chroot)");
+    false
+}
+
+/// An agent chrooted in the host's mount namespace (a chroot, systemd's
+/// `RootDirectory=`, the `cargo xtask vm-test` guests): a hook for the
+/// host runs in the host process's root, not the agent's. Here the roles
+/// are turned around: the test is the agent, and a chrooted busybox is
+/// "the host's" process.
+#[tokio::test]
+async fn a_hook_runs_in_the_root_of_the_process_it_runs_for() {
+    if !root_or_skip("a_hook_runs_in_the_root_of_the_process_it_runs_for") {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = d.path();
+    std::fs::create_dir_all(r.join("bin")).expect("bin");
+    // Copied by cp(1): a copy written from this process could still be open
+    // for writing in a child another test forks, and then fail to exec
+    // with ETXTBSY (docs/testing.md, flakes).
+    let copied = std::process::Command::new("cp")
+        .arg("/bin/busybox")
+        .arg(r.join("bin/busybox"))
+        .status()
+        .expect("cp");
+    assert!(copied.success(), "busybox-static is installed");
+    std::os::unix::fs::symlink("/bin/busybox", r.join("bin/sh")).expect("sh");
+    let mut other = std::process::Command::new("chroot")
+        .arg(r)
+        .args(["/bin/busybox", "sleep", "30"])
+        .spawn()
+        .expect("chroot");
+    let pid = other.id();
+    // Wait (with a deadline) until the child has entered its root.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_link(format!("/proc/{pid}/root"))
+        .ok()
+        .as_deref()
+        != Some(r)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the child never entered {}",
+            r.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let marker = format!("/lk-hook-root-{}", std::process::id());
+    let mut opts = RunOptions::default();
+    opts.namespaces_of = Some(pid);
+    // busybox picks its applet by argv[0].
+    let hook = HookBuilder::default()
+        .path("/bin/sh")
+        .args(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!("echo there > {marker}"),
+        ])
+        .build()
+        .expect("hook");
+    let o = run_hook(&hook, &state(), &opts).await.expect("ran");
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(o.success(), "{}: {}", o.describe(), o.stderr);
+    assert_eq!(
+        std::fs::read_to_string(r.join(marker.trim_start_matches('/')))
+            .ok()
+            .as_deref(),
+        Some("there\n"),
+        "the hook ran in the other process's root"
+    );
+    assert!(!std::path::Path::new(&marker).exists(), "not in ours");
+}

@@ -50,7 +50,6 @@ pub use fanotify::{FanotifyFacts, explain_init as explain_fanotify_init};
 pub use report::{Check, Fail, Mode, ProbeReport, Refusal, Status, UnknownMode};
 pub use runtimes::{
     KNOWN_RUNTIME_PATHS, RUNTIME_NAMES, RuntimeBinary, candidate_paths, find_runtimes,
-    resolve_in_root,
 };
 pub use tracefs::{TRACEFS_PATHS, Tracefs, ensure_tracefs, tracefs_path};
 

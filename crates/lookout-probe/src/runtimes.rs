@@ -1,9 +1,10 @@
 //! Where container runtimes live, and finding them under a host root.
 
 use std::collections::HashSet;
-use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use lookout_model::resolve_in_root;
 
 use serde::{Deserialize, Serialize};
 
@@ -67,58 +68,6 @@ pub struct RuntimeBinary {
     pub dev: u64,
     /// Inode number.
     pub ino: u64,
-}
-
-/// Resolves `path` (a host path) under `root` as the host would: symlinks
-/// are followed, but absolute links and `..` cannot leave `root`.
-///
-/// Returns the resolved path (starting with `root`).
-pub fn resolve_in_root(root: &Path, path: &Path) -> io::Result<PathBuf> {
-    const MAX_LINKS: usize = 40;
-    let mut links = 0;
-    // Components still to walk, reversed (a stack).
-    let mut todo: Vec<PathBuf> = path
-        .components()
-        .rev()
-        .filter_map(|c| match c {
-            Component::Normal(s) => Some(PathBuf::from(s)),
-            Component::ParentDir => Some(PathBuf::from("..")),
-            _ => None,
-        })
-        .collect();
-    let mut cur: Vec<PathBuf> = Vec::new();
-    while let Some(c) = todo.pop() {
-        if c.as_os_str() == ".." {
-            cur.pop();
-            continue;
-        }
-        let mut candidate = root.to_path_buf();
-        candidate.extend(cur.iter());
-        candidate.push(&c);
-        let meta = std::fs::symlink_metadata(&candidate)?;
-        if meta.file_type().is_symlink() {
-            links += 1;
-            if links > MAX_LINKS {
-                return Err(io::Error::from_raw_os_error(libc::ELOOP));
-            }
-            let target = std::fs::read_link(&candidate)?;
-            if target.is_absolute() {
-                cur.clear();
-            }
-            for tc in target.components().rev() {
-                match tc {
-                    Component::Normal(s) => todo.push(PathBuf::from(s)),
-                    Component::ParentDir => todo.push(PathBuf::from("..")),
-                    _ => {}
-                }
-            }
-        } else {
-            cur.push(c);
-        }
-    }
-    let mut out = root.to_path_buf();
-    out.extend(cur.iter());
-    Ok(out)
 }
 
 /// Candidate host paths: the known list, the given `PATH` directories, and

@@ -2,7 +2,7 @@
 //! configuration: everything the probe learns without touching fanotify or
 //! BPF.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::report::{Check, Fail, Status};
 
@@ -276,7 +276,7 @@ pub fn state_dirs(host_root: &Path) -> Result<String, Fail> {
 pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let shown = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
-    let at = match resolve_in_root(host_root, socket) {
+    let at = match lookout_model::resolve_in_root(host_root, socket) {
         Ok(at) => at,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Fail::unsupported(format!(
@@ -303,54 +303,6 @@ pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
         ))),
         Err(e) => Err(Fail::unsupported(format!("{}: {e}", at.display()))),
     }
-}
-
-/// `path` (a host path) resolved under `host_root` the way the host
-/// resolves it: an absolute symlink starts again at the host root, `..`
-/// never goes above it. Returns the path under `host_root`.
-fn resolve_in_root(host_root: &Path, path: &Path) -> std::io::Result<PathBuf> {
-    use std::collections::VecDeque;
-    use std::path::Component;
-    // At most 40 symlinks, as the kernel allows.
-    let mut links = 0;
-    let mut rest: VecDeque<std::ffi::OsString> = VecDeque::new();
-    let push = |rest: &mut VecDeque<_>, p: &Path| {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(s) => rest.push_front(s.to_os_string()),
-                Component::ParentDir => rest.push_front("..".into()),
-                _ => {}
-            }
-        }
-    };
-    push(&mut rest, path);
-    let mut done: Vec<std::ffi::OsString> = Vec::new();
-    while let Some(c) = rest.pop_front() {
-        if c == ".." {
-            done.pop();
-            continue;
-        }
-        let mut at = host_root.to_path_buf();
-        at.extend(&done);
-        at.push(&c);
-        let meta = std::fs::symlink_metadata(&at)?;
-        if !meta.file_type().is_symlink() {
-            done.push(c);
-            continue;
-        }
-        links += 1;
-        if links > 40 {
-            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-        }
-        let target = std::fs::read_link(&at)?;
-        if target.is_absolute() {
-            done.clear();
-        }
-        push(&mut rest, &target);
-    }
-    let mut at = host_root.to_path_buf();
-    at.extend(&done);
-    Ok(at)
 }
 
 #[cfg(test)]
