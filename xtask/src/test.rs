@@ -34,6 +34,12 @@ pub const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "protoc-gen-go",
     "protoc-gen-go-grpc",
+    // The image's arm64 agent (cargo xtask image), and the guests that run
+    // it (cargo xtask vm-test).
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "qemu-system-x86",
+    "qemu-system-arm",
 ];
 
 #[derive(Debug, clap::Args)]

@@ -1005,7 +1005,7 @@ fn kernels_md(report: &Value) -> String {
          DaemonSet runs it. Do not edit by hand: rerun it. How the guests are made: \
          [testing.md](testing.md#kernels-and-arm64-cargo-xtask-vm-test).\n\n\
          ## Discovery, exit codes, hooks and the API\n\n\
-         Each cell: the containers (runc, then crun) reported `added` while `created` and \
+         Each cell: the containers reported `added` while `created` and \
          `removed`, with their exit codes; `-` where the mode reports none.\n\n",
     );
     s.push_str("| guest | kernel | runc | crun | `auto` picks | auto | fanotify | scan | prestart hook | API watch | runtimes without `/dev/fd` | seconds |\n");
@@ -1025,12 +1025,17 @@ fn kernels_md(report: &Value) -> String {
                 .as_object()
                 .into_iter()
                 .flatten()
-                .map(|(_, c)| {
+                .map(|(id, c)| {
                     let ok = c["added"] == true && c["removed"] == true;
+                    let runtime = if id.starts_with("cr-") {
+                        "crun"
+                    } else {
+                        "runc"
+                    };
                     let code = c["exit_code"]
                         .as_i64()
                         .map_or("-".to_owned(), |c| c.to_string());
-                    format!("{} {code}", if ok { "ok" } else { "MISSED" })
+                    format!("{runtime} {} {code}", if ok { "ok" } else { "MISSED" })
                 })
                 .collect();
             parts.join(", ")

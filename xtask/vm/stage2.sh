@@ -98,7 +98,6 @@ agent_run() {
 
 echo "@@lk guest up"
 section uname uname -r -m
-section versions sh -c 'runc --version; crun --version'
 # Without /dev/fd (udev and systemd make it on every real node), Debian's
 # 5.10 kernel fails runc's and crun's re-exec from a memfd with ENOENT:
 # TOMOYO, built in and stacked, resolves the exec's "/dev/fd/N" name.
@@ -108,6 +107,8 @@ ln -s /proc/self/fd /dev/fd
 ln -s /proc/self/fd/0 /dev/stdin
 ln -s /proc/self/fd/1 /dev/stdout
 ln -s /proc/self/fd/2 /dev/stderr
+# (crun re-executes itself even for --version.)
+section versions sh -c 'runc --version; crun --version'
 section probe lookout probe -o json 2>/dev/null
 agent_run auto runc:exit3:rc-auto crun:exit5:cr-auto
 agent_run fanotify runc:exit3:rc-fan crun:exit5:cr-fan
