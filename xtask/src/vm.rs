@@ -243,6 +243,14 @@ fn run_guest(
     let text = String::from_utf8_lossy(&text);
     let mut report = check(guest, &text);
     report["kernel_package"] = json!(debian.kernel_package);
+    // Each runtime release's own state file, kept as it wrote it.
+    let kept = out.join(format!("{}.state", guest.name));
+    std::fs::create_dir_all(&kept)?;
+    for (id, runtime) in [("rc-auto", "runc"), ("cr-auto", "crun")] {
+        if let Some((body, Some(0))) = sections(&text).get(&format!("state.{id}")) {
+            std::fs::write(kept.join(format!("{runtime}.json")), body.trim())?;
+        }
+    }
     Ok(report)
 }
 
@@ -495,6 +503,7 @@ fn assemble(guest: &Guest, debian: &Debian, archive: &Path, root: &Path) -> anyh
         ("exit3", "exit 3"),
         ("exit5", "exit 5"),
         ("sleep-exit3", "sleep 3; exit 3"),
+        ("sleep-exit5", "sleep 3; exit 5"),
     ] {
         let b = root.join("bundles").join(name);
         std::fs::create_dir_all(&b)?;
@@ -842,7 +851,7 @@ fn check(guest: &Guest, text: &str) -> Value {
     for (mode, containers) in [
         ("auto", &[("rc-auto", 3), ("cr-auto", 5)][..]),
         ("fanotify", &[("rc-fan", 3), ("cr-fan", 5)][..]),
-        ("scan", &[("rc-scan", 3)][..]),
+        ("scan", &[("rc-scan", 3), ("cr-scan", 5)][..]),
     ] {
         let events = json_lines(body(&format!("events.{mode}")));
         let watch = json_lines(body(&format!("watch.{mode}")));
@@ -948,9 +957,41 @@ fn check(guest: &Guest, text: &str) -> Value {
             }),
         );
     }
+    let mut states = serde_json::Map::new();
+    for (id, runtime) in [("rc-auto", "runc"), ("cr-auto", "crun")] {
+        let state: Value =
+            serde_json::from_str(body(&format!("state.{id}")).trim()).unwrap_or(Value::Null);
+        let keys: Vec<&str> = state
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        // The fields lookout reads (lookout-runtime-hook's state.rs).
+        let reads: &[&str] = if runtime == "runc" {
+            &["init_process_pid", "init_process_start", "config"]
+        } else {
+            &["pid", "process-start-time", "bundle"]
+        };
+        let missing: Vec<&str> = reads
+            .iter()
+            .copied()
+            .filter(|k| state.get(k).is_none())
+            .collect();
+        if state.is_null() {
+            problems.push(format!("no {runtime} state file from the guest"));
+        } else if !missing.is_empty() {
+            problems.push(format!("{runtime}'s state file lacks {missing:?}"));
+        }
+        states.insert(
+            runtime.to_owned(),
+            json!({"keys": keys, "lookout_reads": reads, "missing": missing}),
+        );
+    }
     json!({
         "guest": guest.name,
         "suite": guest.suite,
+        "state_files": states,
         "arch": guest.arch.name(),
         "uname": uname,
         "runtimes": versions,
@@ -1095,6 +1136,45 @@ fn kernels_md(report: &Value) -> String {
          `/dev/fd`. The same error was reported against Debian's 5.7 when a sysvinit update \
          stopped making `/dev/fd` (opencontainers/runc#2552).\n",
     );
+    s.push_str(
+        "\n## Runtime state files by release\n\n\
+         What each release writes for a container just created (`<root>/<id>/state.json` for \
+         runc, `<root>/<id>/status` for crun), read from the guests. lookout reads runc's \
+         `init_process_pid`, `init_process_start` and `config.labels` (`bundle=`), and crun's \
+         `pid`, `process-start-time` and `bundle`; the files themselves are test fixtures \
+         (`crates/lookout-runtime-hook/tests/fixtures/`).\n\n\
+         | release | runtime | fields lookout reads | top-level keys |\n|---|---|---|---|\n",
+    );
+    for g in &guests {
+        if g["arch"] != "amd64" {
+            continue;
+        }
+        let versions = g["runtimes"].as_str().unwrap_or("");
+        for runtime in ["runc", "crun"] {
+            let st = &g["state_files"][runtime];
+            let version = versions
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{runtime} version ")))
+                .unwrap_or("?");
+            let missing = st["missing"].as_array().map_or(0, Vec::len);
+            let keys: Vec<&str> = st["keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            s.push_str(&format!(
+                "| Debian {} | {runtime} {version} | {} | `{}` |\n",
+                g["suite"].as_str().unwrap_or("?"),
+                if missing == 0 {
+                    "all present".to_owned()
+                } else {
+                    format!("MISSING {}", st["missing"])
+                },
+                keys.join("`, `"),
+            ));
+        }
+    }
     // The probe's checks that depend on the kernel, one row each.
     s.push_str(
         "\n## What the probe found\n\n\

@@ -36,6 +36,8 @@ section() {
     echo "@@lk begin $name"
     "$@"
     rc=$?
+    # (A newline first: the output may not end with one.)
+    echo
     echo "@@lk end $name rc=$rc"
 }
 
@@ -53,6 +55,9 @@ wait_for() {
 # started (as a CRI runtime's shim does), then waited for until it stops.
 container() {
     "$1" create --bundle "/bundles/$2" "$3" </dev/null || { echo "create failed"; return 1; }
+    # The runtime's own state, as this release writes it (kept for the host).
+    cp "/run/$1/$3/state.json" "/tmp/state.$3" 2>/dev/null ||
+        cp "/run/$1/$3/status" "/tmp/state.$3" 2>/dev/null
     "$1" start "$3" || { echo "start failed"; return 1; }
     i=0
     while "$1" state "$3" 2>/dev/null | grep -q '"status": *"\(created\|running\)"'; do
@@ -80,6 +85,7 @@ agent_run() {
     for c in "$@"; do
         rt=${c%%:*}; rest=${c#*:}; bundle=${rest%%:*}; id=${rest#*:}
         section "run.$mode.$id" container "$rt" "$bundle" "$id"
+        section "state.$id" cat "/tmp/state.$id"
         wait_for /tmp/events.$mode 20 "\"removed\".*\"id\":\"$id\"" ||
             echo "no removed event for $id within 20 s"
     done
@@ -112,6 +118,6 @@ section versions sh -c 'runc --version; crun --version'
 section probe lookout probe -o json 2>/dev/null
 agent_run auto runc:exit3:rc-auto crun:exit5:cr-auto
 agent_run fanotify runc:exit3:rc-fan crun:exit5:cr-fan
-agent_run scan runc:sleep-exit3:rc-scan
+agent_run scan runc:sleep-exit3:rc-scan crun:sleep-exit5:cr-scan
 echo "@@lk done"
 poweroff -f

@@ -3,8 +3,8 @@
 //!
 //! | runtime | file | versions read |
 //! |---|---|---|
-//! | runc, youki | `<root>/<id>/state.json`: `id`, `init_process_pid`, `init_process_start`, `config.labels` (`bundle=`) | runc 1.1 |
-//! | crun | `<root>/<id>/status`: `pid`, `process-start-time`, `bundle` | crun 1.8 |
+//! | runc, youki | `<root>/<id>/state.json`: `id`, `init_process_pid`, `init_process_start`, `config.labels` (`bundle=`) | runc 1.0.0-rc93, 1.1.5, 1.1.15 (Debian 11, 12, 13; `tests/fixtures/runc-*.state.json` are real ones) |
+//! | crun | `<root>/<id>/status`: `pid`, `process-start-time`, `bundle` | crun 0.17, 1.8.1, 1.21 (Debian 11, 12, 13; `tests/fixtures/crun-*.status`) |
 //! | runsc (gVisor) | `<root>/<id>_sandbox:<sandbox id>.state`: `id`, `bundleDir`, `sandbox.pid` (the sandbox's host process) | 20221219 (Debian 12), 20240729 (Debian 13): the same fields; `tests/fixtures/runsc-*.state` are real ones |
 
 use std::path::{Path, PathBuf};
@@ -369,6 +369,61 @@ mod tests {
         assert_eq!(runsc_container_of("web_sandbox:pod.state"), Some("web"));
         assert_eq!(runsc_container_of("_sandbox:pod.state"), None);
         assert_eq!(runsc_container_of("web_sandbox:pod.lock"), None);
+    }
+
+    #[test]
+    fn parses_runc_and_crun_state_of_three_debian_releases() {
+        // Written by each release in a `cargo xtask vm-test` guest
+        // (docs/kernels.md, "Runtime state files by release").
+        for (runtime, file, id, bundle) in [
+            (
+                RuntimeKind::Runc,
+                "runc-1.0.0-rc93.state.json",
+                "rc-auto",
+                "/bundles/exit3",
+            ),
+            (
+                RuntimeKind::Runc,
+                "runc-1.1.5.state.json",
+                "rc-auto",
+                "/bundles/exit3",
+            ),
+            (
+                RuntimeKind::Runc,
+                "runc-1.1.15.state.json",
+                "rc-auto",
+                "/bundles/exit3",
+            ),
+            (
+                RuntimeKind::Crun,
+                "crun-0.17.status",
+                "cr-auto",
+                "/bundles/exit5",
+            ),
+            (
+                RuntimeKind::Crun,
+                "crun-1.8.1.status",
+                "cr-auto",
+                "/bundles/exit5",
+            ),
+            (
+                RuntimeKind::Crun,
+                "crun-1.21.status",
+                "cr-auto",
+                "/bundles/exit5",
+            ),
+        ] {
+            let bytes = std::fs::read(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures")
+                    .join(file),
+            )
+            .expect("fixture");
+            let s = parse_state(&runtime, id, &bytes).expect(file);
+            assert!(s.pid > 1, "{file}: the init's pid");
+            assert!(s.start_time.is_some(), "{file}: the init's start time");
+            assert_eq!(s.bundle.as_deref(), Some(Path::new(bundle)), "{file}");
+        }
     }
 
     #[test]
