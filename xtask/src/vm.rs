@@ -856,6 +856,7 @@ fn check(guest: &Guest, text: &str) -> Value {
         let events = json_lines(body(&format!("events.{mode}")));
         let watch = json_lines(body(&format!("watch.{mode}")));
         let hook = body(&format!("hook.{mode}"));
+        let gates = json_lines(body(&format!("gate.{mode}")));
         let mut results = serde_json::Map::new();
         for (id, code) in containers {
             let run = body(&format!("run.{mode}.{id}"));
@@ -926,6 +927,14 @@ fn check(guest: &Guest, text: &str) -> Value {
             r["watched"] = json!(seen);
             if ran && !seen {
                 problems.push(format!("{mode}: the API's watcher never saw {id}"));
+            }
+            // A gate consumer held its start, through the API.
+            if mode != "scan" {
+                let held = gates.iter().any(|g| g["id"] == *id && g["held"] == true);
+                r["gate_held"] = json!(held);
+                if ran && !held {
+                    problems.push(format!("{mode}: the API's gate never held {id}"));
+                }
             }
             // The prestart hook ran with the container's state.
             if mode != "scan" {
@@ -1049,8 +1058,8 @@ fn kernels_md(report: &Value) -> String {
          Each cell: the containers reported `added` while `created` and \
          `removed`, with their exit codes; `-` where the mode reports none.\n\n",
     );
-    s.push_str("| guest | kernel | runc | crun | `auto` picks | auto | fanotify | scan | prestart hook | API watch | runtimes without `/dev/fd` | seconds |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| guest | kernel | runc | crun | `auto` picks | auto | fanotify | scan | prestart hook | API watch | API gate held | runtimes without `/dev/fd` | seconds |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for g in &guests {
         let versions = g["runtimes"].as_str().unwrap_or("");
         let version = |name: &str| {
@@ -1108,7 +1117,7 @@ fn kernels_md(report: &Value) -> String {
             )
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             g["guest"].as_str().unwrap_or("?"),
             g["uname"].as_str().unwrap_or("?"),
             version("runc"),
@@ -1119,6 +1128,7 @@ fn kernels_md(report: &Value) -> String {
             cell("scan"),
             all("prestart_hook"),
             all("watched"),
+            all("gate_held"),
             devfd,
             g["seconds"],
         ));

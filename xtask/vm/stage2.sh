@@ -82,6 +82,13 @@ agent_run() {
     fi
     lookout watch -o json >/tmp/watch.$mode 2>/tmp/watch-log.$mode &
     watch=$!
+    # A gate consumer: each start is held 1 s, then allowed.
+    gate=
+    if [ "$mode" != scan ]; then
+        lookout gate --name vm --hold 1s -o json >/tmp/gate.$mode 2>/tmp/gate-log.$mode &
+        gate=$!
+        wait_for /tmp/gate-log.$mode 20 subscribed || echo "the gate did not subscribe within 20 s"
+    fi
     for c in "$@"; do
         rt=${c%%:*}; rest=${c#*:}; bundle=${rest%%:*}; id=${rest#*:}
         section "run.$mode.$id" container "$rt" "$bundle" "$id"
@@ -93,13 +100,14 @@ agent_run() {
     kill -TERM $agent
     i=0
     while kill -0 $agent 2>/dev/null && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.1; done
-    kill -KILL $agent $watch 2>/dev/null
+    kill -KILL $agent $watch $gate 2>/dev/null
     wait $agent
     echo "agent exit=$?"
     section "events.$mode" cat /tmp/events.$mode
     section "watch.$mode" cat /tmp/watch.$mode
     section "log.$mode" cat /tmp/log.$mode
     section "hook.$mode" cat /tmp/hook.out
+    [ -n "$gate" ] && section "gate.$mode" cat /tmp/gate.$mode /tmp/gate-log.$mode
 }
 
 echo "@@lk guest up"

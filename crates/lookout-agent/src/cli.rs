@@ -97,6 +97,112 @@ pub(crate) async fn print_events(
     }
 }
 
+/// What `lookout gate` subscribes with and how it answers.
+#[derive(Debug, Clone)]
+pub struct GateOptions {
+    /// The subscription's name.
+    pub name: String,
+    /// How long the agent waits for each decision.
+    pub deadline: Duration,
+    /// Deny when no decision comes in time.
+    pub fail_closed: bool,
+    /// How long each start stays held before the answer.
+    pub hold: Duration,
+    /// Deny every start with this reason; allow when `None`.
+    pub deny: Option<String>,
+    /// How each hold is printed.
+    pub output: WatchOutput,
+}
+
+/// `lookout gate`: subscribes to the agent's gate, prints each hold, and
+/// answers it after `hold` (each in its own task: one slow answer does not
+/// delay the next hold). Runs until the agent goes for good, or stdout
+/// closes.
+pub async fn gate(socket: &Path, opts: GateOptions) -> anyhow::Result<()> {
+    let client = Client::connect_with(socket, connect_options()).await?;
+    let policy = if opts.fail_closed {
+        lookout_client::proto::FailurePolicy::FailClosed
+    } else {
+        lookout_client::proto::FailurePolicy::FailOpen
+    };
+    let mut gate = client
+        .gate(lookout_client::proto::Subscribe {
+            name: opts.name.clone(),
+            filter: Some(Filter::all().into_proto()),
+            deadline_ms: u32::try_from(opts.deadline.as_millis()).unwrap_or(u32::MAX),
+            on_failure: policy.into(),
+        })
+        .await?;
+    eprintln!(
+        "lookout gate: subscribed as {:?}, deadline {} ms",
+        gate.name(),
+        gate.deadline().as_millis()
+    );
+    let mut out = io::stdout();
+    while let Some(next) = gate.next().await {
+        let guard = match next {
+            Ok(guard) => guard,
+            Err(error) if error.is_retryable() => {
+                let error = anyhow::Error::new(error);
+                eprintln!("lookout gate: {error:#}; still trying");
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let written = out
+            .write_all(render_hold(&guard, opts.output).as_bytes())
+            .and_then(|()| out.flush());
+        if let Err(error) = written {
+            // The guard is dropped unanswered: the agent denies it as
+            // "dropped unanswered", or the policy applies when we are gone.
+            return ignore_closed_pipe(Err(error));
+        }
+        let (hold, deny) = (opts.hold, opts.deny.clone());
+        tokio::spawn(async move {
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            let answered = match deny {
+                Some(reason) => guard.deny(reason),
+                None => guard.allow_because("lookout gate"),
+            };
+            if let Err(error) = answered {
+                let error = anyhow::Error::new(error);
+                eprintln!("lookout gate: {error:#}");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// One hold as a line of text (`HOLD hold-id ID RUNTIME NAMESPACE/POD PID`,
+/// `SEEN` for a start that could not be held) or JSON.
+pub fn render_hold(guard: &lookout_client::HoldGuard, output: WatchOutput) -> String {
+    let c = guard.container();
+    match output {
+        WatchOutput::Text => format!(
+            "{} {} {} {} {} {}\n",
+            if guard.held() { "HOLD" } else { "SEEN" },
+            guard.hold_id(),
+            cell(&c.id),
+            cell(&c.runtime),
+            namespace_pod(c),
+            pid(c.pid)
+        ),
+        WatchOutput::Json => format!(
+            "{}\n",
+            json!({
+                "hold_id": guard.hold_id(),
+                "held": guard.held(),
+                "monotonic_ns": guard.monotonic_ns(),
+                "id": c.id,
+                "runtime": c.runtime,
+                "pid": c.pid,
+            })
+        ),
+    }
+}
+
 fn ignore_closed_pipe(result: io::Result<()>) -> anyhow::Result<()> {
     match result {
         Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),

@@ -85,6 +85,37 @@ enum Command {
     /// Print every container change as it happens, from a running agent's
     /// API socket (resumes across agent restarts).
     Watch(WatchArgs),
+    /// Hold every container start through the agent's gate, print each
+    /// hold, and allow it (after `--hold`) or deny it (`--deny`): what a
+    /// gate consumer sees, for operators and tests.
+    Gate(GateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GateArgs {
+    /// The subscription's name (in the agent's logs, metrics and denial
+    /// reasons).
+    #[arg(long, default_value = "lookout-cli")]
+    name: String,
+    /// How long the agent waits for each decision (at most its
+    /// `--gate-max-deadline`).
+    #[arg(long, default_value = "2s", value_parser = run::parse_duration)]
+    deadline: std::time::Duration,
+    /// Deny the start when no decision comes in time (default: allow it).
+    #[arg(long)]
+    fail_closed: bool,
+    /// Keep each start held this long before answering.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    hold: std::time::Duration,
+    /// Deny every start, with this reason.
+    #[arg(long, value_name = "REASON")]
+    deny: Option<String>,
+    /// text or json (one object per hold).
+    #[arg(short, long, value_enum, default_value_t = cli::WatchOutput::Text)]
+    output: cli::WatchOutput,
+    /// The agent's socket.
+    #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
+    socket: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -192,6 +223,17 @@ pub fn cli_main() -> anyhow::Result<()> {
         Command::Run(args) => run::run(*args, ebpf_object()),
         Command::Get(a) => client_runtime()?.block_on(cli::get(&a.socket, a.output)),
         Command::Watch(a) => client_runtime()?.block_on(cli::watch(&a.socket, a.output, a.since)),
+        Command::Gate(a) => client_runtime()?.block_on(cli::gate(
+            &a.socket,
+            cli::GateOptions {
+                name: a.name,
+                deadline: a.deadline,
+                fail_closed: a.fail_closed,
+                hold: a.hold,
+                deny: a.deny,
+                output: a.output,
+            },
+        )),
     }
 }
 

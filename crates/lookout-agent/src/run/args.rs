@@ -243,7 +243,7 @@ const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// A positive duration: humantime syntax (`500ms`, `2s`, `1m30s`, `1h`), or
 /// a bare number of seconds. Zero is refused: every interval and deadline
 /// of the agent must let time pass.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<u64>()

@@ -21,6 +21,7 @@ use lookout_probe::ProbeOptions;
 use lookout_runtime_hook::{RuntimeHook, Scanner, StartBarrier};
 
 use args::ModeArg;
+pub(crate) use args::parse_duration;
 pub use args::{Output, RunArgs, absolute_path};
 use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
 use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, start_nri, stop_informer};
