@@ -51,17 +51,30 @@ async fn get_lists_the_agents_containers() {
 }
 
 #[tokio::test]
-async fn get_and_watch_say_when_the_agent_is_not_there() {
+async fn get_watch_and_gate_say_when_the_agent_is_not_there() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("lookout.sock");
-    let (get, watch) = within("lookout get and watch to give up", async {
+    let gate_options = cli::GateOptions {
+        name: "cli-test".into(),
+        deadline: std::time::Duration::from_secs(2),
+        fail_closed: false,
+        hold: std::time::Duration::ZERO,
+        deny: None,
+        output: cli::WatchOutput::Json,
+    };
+    let (get, watch, gate) = within("lookout get, watch and gate to give up", async {
         tokio::join!(
             cli::get(&socket, cli::GetOutput::Table),
             cli::watch(&socket, cli::WatchOutput::Text, 0),
+            cli::gate(&socket, gate_options),
         )
     })
     .await;
-    for error in [get.expect_err("no agent"), watch.expect_err("no agent")] {
+    for error in [
+        get.expect_err("no agent"),
+        watch.expect_err("no agent"),
+        gate.expect_err("no agent"),
+    ] {
         assert!(format!("{error:#}").contains("does not exist"), "{error:#}");
     }
 }
