@@ -1,4 +1,5 @@
-//! dockerd's answers (`GET /containers/{id}/json`, `GET /version`): the
+//! dockerd's answers (`GET /containers/json`, `GET /containers/{id}/json`,
+//! `GET /version`): the
 //! HTTP head, the body (Content-Length, chunked or to the end), and the
 //! JSON in it. A hostile or broken dockerd, or whatever listens on its
 //! socket, writes these bytes.
@@ -13,9 +14,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(r.body.len() <= data.len());
-    if let Ok(c) = lookout_docker::Inspect::from_json(&r.body) {
+    if let Ok(c) = lookout_docker::ContainerInfo::from_json(&r.body) {
         assert!(c.pid != Some(0));
         assert!(!c.name.as_deref().is_some_and(str::is_empty));
+    }
+    if let Ok(l) = lookout_docker::ContainerInfo::from_list_json(&r.body) {
+        assert!(l.iter().all(|c| c.pid.is_none()));
     }
     let _ = lookout_docker::Version::from_json(&r.body);
 });

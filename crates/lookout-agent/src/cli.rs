@@ -263,7 +263,12 @@ pub fn render_table(containers: &[Container], now_unix_ms: i64, wide: bool) -> S
             cell(&c.id.chars().take(13).collect::<String>()),
             cell(&c.runtime),
             namespace_pod(c),
-            cell(k8s.map_or("", |k| k.container.as_str())),
+            // A pod's container name, or else the engine's (Docker's).
+            cell(
+                k8s.map(|k| k.container.as_str())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(&c.name),
+            ),
             pid(c.pid),
             format_age(c.added_unix_ms, now_unix_ms),
             cell(&c.source),
@@ -271,7 +276,11 @@ pub fn render_table(containers: &[Container], now_unix_ms: i64, wide: bool) -> S
         if wide {
             row.extend([
                 cell(&c.status),
-                cell(k8s.map_or("", |k| k.image.as_str())),
+                cell(
+                    k8s.map(|k| k.image.as_str())
+                        .filter(|i| !i.is_empty())
+                        .unwrap_or(&c.image),
+                ),
                 cell(&c.bundle),
             ]);
         }
@@ -421,6 +430,10 @@ pub fn container_json(c: &Container) -> Value {
         "cgroup": c.cgroup,
         "annotations": sorted(&c.annotations),
         "args": c.args,
+        "name": c.name,
+        "image": c.image,
+        "image_id": c.image_id,
+        "labels": sorted(&c.labels),
         "kubernetes": c.kubernetes.as_ref().map(|k| json!({
             "namespace": k.namespace,
             "pod": k.pod,
@@ -447,8 +460,9 @@ pub fn container_json(c: &Container) -> Value {
 /// What `lookout watch` prints for one event, newline-terminated (empty for
 /// an event kind this build does not know).
 ///
-/// Text: `REV ADDED id runtime ns/pod pid`; `REMOVED` adds `exit=N` and
-/// `reason="..."` when known; a snapshot is one `SNAPSHOT` line per
+/// Text: `REV ADDED id runtime ns/pod pid`; `UPDATED` adds `name=...` and
+/// `image=...` when known; `REMOVED` adds `exit=N` and `reason="..."` when
+/// known; a snapshot is one `SNAPSHOT` line per
 /// container and a closing `REV SNAPSHOT_END count`. JSON: one object per
 /// event, with `kind` as in the proto.
 pub fn render_event(event: &Event, output: WatchOutput) -> String {
@@ -489,6 +503,21 @@ fn event_text(event: &Event) -> String {
             container,
             ..
         } => format!("{}\n", line(*revision, "ADDED", container)),
+        Event::Updated {
+            revision,
+            container,
+            ..
+        } => {
+            let mut text = line(*revision, "UPDATED", container);
+            if !container.name.is_empty() {
+                text.push_str(&format!(" name={}", container.name));
+            }
+            if !container.image.is_empty() {
+                text.push_str(&format!(" image={}", container.image));
+            }
+            text.push('\n');
+            text
+        }
         Event::Removed {
             revision,
             container,
@@ -526,6 +555,16 @@ fn event_json(event: &Event) -> Option<Value> {
             monotonic_ns,
         } => json!({
             "kind": "ADDED",
+            "revision": revision,
+            "monotonic_ns": monotonic_ns,
+            "container": container_json(container),
+        }),
+        Event::Updated {
+            revision,
+            container,
+            monotonic_ns,
+        } => json!({
+            "kind": "UPDATED",
             "revision": revision,
             "monotonic_ns": monotonic_ns,
             "container": container_json(container),
@@ -763,5 +802,31 @@ feed            crun      -                   -           -      3h    scan
         let value: Value = serde_json::from_str(&line).expect("valid JSON");
         assert_eq!(value["kind"], "SNAPSHOT");
         assert_eq!(value["containers"][0]["runtime"], "crun");
+    }
+
+    #[test]
+    fn dockers_name_image_and_labels_show_in_updates_and_tables() {
+        let mut c = bare_container();
+        c.name = "web1".into();
+        c.image = "localhost/bb:1".into();
+        c.labels.insert("app".into(), "shop".into());
+        let updated = Event::Updated {
+            revision: 7,
+            container: c.clone(),
+            monotonic_ns: 3,
+        };
+        assert_eq!(
+            render_event(&updated, WatchOutput::Text),
+            "7 UPDATED feed crun - - name=web1 image=localhost/bb:1\n"
+        );
+        let value: Value =
+            serde_json::from_str(&render_event(&updated, WatchOutput::Json)).expect("valid JSON");
+        assert_eq!(value["kind"], "UPDATED");
+        assert_eq!(value["container"]["name"], "web1");
+        assert_eq!(value["container"]["labels"]["app"], "shop");
+        // Without a pod, the CONTAINER and IMAGE columns are the engine's.
+        let table = render_get(7, &[c], GetOutput::Wide, NOW);
+        let row: Vec<&str> = table.lines().nth(1).expect("row").split_whitespace().collect();
+        assert!(row.contains(&"web1") && row.contains(&"localhost/bb:1"), "{row:?}");
     }
 }

@@ -113,6 +113,10 @@ pub fn container_pb(l: &Live) -> pb::Container {
         cgroup: c.cgroup.clone().unwrap_or_default(),
         sandbox: c.sandbox.clone().unwrap_or_default(),
         pod_sandbox: c.pod_sandbox,
+        name: c.name.clone().unwrap_or_default(),
+        image: c.image.clone().unwrap_or_default(),
+        image_id: c.image_id.clone().unwrap_or_default(),
+        labels: c.labels.clone().into_iter().collect(),
         annotations: c.annotations.clone().into_iter().collect(),
         args: c.args.clone(),
         kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {
@@ -141,6 +145,7 @@ fn change_pb(c: &Change) -> pb::WatchEvent {
         kind: match c.kind {
             lookout_model::EventKind::Added => pb::watch_event::Kind::Added,
             lookout_model::EventKind::Removed => pb::watch_event::Kind::Removed,
+            lookout_model::EventKind::Updated => pb::watch_event::Kind::Updated,
         } as i32,
         revision: c.revision,
         container: Some(container_pb(&c.live)),

@@ -655,14 +655,14 @@ fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
             );
             hub.mirror_snapshot(e.revision, std::mem::take(snapshot));
         }
-        Some(k @ (Kind::Added | Kind::Removed)) => {
+        Some(k @ (Kind::Added | Kind::Removed | Kind::Updated)) => {
             let Some(c) = e.container else { return };
             hub.mirror_change(Change {
                 revision: e.revision,
-                kind: if k == Kind::Added {
-                    EventKind::Added
-                } else {
-                    EventKind::Removed
+                kind: match k {
+                    Kind::Added => EventKind::Added,
+                    Kind::Updated => EventKind::Updated,
+                    _ => EventKind::Removed,
                 },
                 live: live_of(c),
                 exit_code: e.exit_code,
@@ -690,6 +690,10 @@ pub fn live_of(c: pb::Container) -> Live {
     m.pod_sandbox = c.pod_sandbox;
     m.annotations = c.annotations.into_iter().collect();
     m.args = c.args;
+    m.name = Some(c.name).filter(|s| !s.is_empty());
+    m.image = Some(c.image).filter(|s| !s.is_empty());
+    m.image_id = Some(c.image_id).filter(|s| !s.is_empty());
+    m.labels = c.labels.into_iter().collect();
     m.kubernetes = c.kubernetes.map(|k| {
         let mut out = Kubernetes::default();
         let some = |s: String| Some(s).filter(|s| !s.is_empty());
@@ -723,6 +727,7 @@ fn source_of(s: &str) -> Source {
         Source::Informer,
         Source::Nri,
         Source::NriSync,
+        Source::Docker,
     ]
     .into_iter()
     .find(|x| x.to_string() == s)

@@ -536,6 +536,8 @@ impl Dispatcher {
                     });
                 }
             }
+            // Hooks run at `added` and `removed`, with what was known then.
+            EventKind::Updated => {}
         }
     }
 

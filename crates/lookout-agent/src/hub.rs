@@ -681,7 +681,9 @@ impl Hub {
     /// Records an event: a revision, the live table, the window, every
     /// watcher (without waiting: a full watcher is dropped), and not-held
     /// notices for gate subscribers.
-    fn publish(&self, event: &mut ContainerEvent) {
+    /// Returns whether the event became a change here (an `updated` of a
+    /// container that is not live does not).
+    fn publish(&self, event: &mut ContainerEvent) -> bool {
         let mut s = lock(&self.state);
         let id = event.container.id.clone();
         // A container the predecessor reported gone before the takeover:
@@ -698,13 +700,13 @@ impl Hub {
                 // and its Removed finds it live.
                 let late = match event.event {
                     EventKind::Added => event.monotonic_ns < s.took_over_ns,
-                    EventKind::Removed => !s.live.contains_key(&id),
+                    EventKind::Removed | EventKind::Updated => !s.live.contains_key(&id),
                 };
                 if late {
                     if event.event == EventKind::Removed {
                         s.gone_before.remove(&id);
                     }
-                    return;
+                    return false;
                 }
             }
         }
@@ -720,8 +722,14 @@ impl Hub {
                     sb.added.remove(&id);
                     sb.removed.insert(id, event.clone());
                 }
+                // The serving agent learns the same and publishes it.
+                EventKind::Updated => {
+                    if let Some(added) = sb.added.get_mut(&id) {
+                        added.container = event.container.clone();
+                    }
+                }
             }
-            return;
+            return false;
         }
         let live = match event.event {
             EventKind::Added => {
@@ -745,12 +753,29 @@ impl Hub {
                 s.open.remove(&id);
                 s.decided.remove(&id);
                 let added = s.live.remove(&id);
+                // What was learnt after `added` (Docker's name, image and
+                // labels) stays in the last report of it.
+                if let Some(known) = &added {
+                    event.container.fill_identity_from(&known.container);
+                }
                 Live {
                     container: Arc::new(event.container.clone()),
                     source: event.source,
                     added_monotonic_ns: added.as_ref().map_or(0, |l| l.added_monotonic_ns),
                     added_unix_ms: added.as_ref().map_or(0, |l| l.added_unix_ms),
                 }
+            }
+            EventKind::Updated => {
+                // Gone already, or never reported here: nothing to update.
+                let Some(known) = s.live.get(&id) else {
+                    return false;
+                };
+                let live = Live {
+                    container: Arc::new(event.container.clone()),
+                    ..known.clone()
+                };
+                s.live.insert(id.clone(), live.clone());
+                live
             }
         };
         s.revision += 1;
@@ -799,6 +824,7 @@ impl Hub {
                 self.metrics.hold(&sub.sub.name, "not-held");
             }
         }
+        true
     }
 
     /// Appends `change` to the log and hands it to every matching watcher
@@ -878,6 +904,12 @@ impl Hub {
         let id = change.live.container.id.clone();
         match change.kind {
             EventKind::Added => {
+                s.live.insert(id, change.live.clone());
+            }
+            EventKind::Updated => {
+                if !s.live.contains_key(&id) {
+                    return;
+                }
                 s.live.insert(id, change.live.clone());
             }
             EventKind::Removed => {
@@ -1470,8 +1502,11 @@ impl<S> HubSink<S> {
 
 impl<S: Sink> Sink for HubSink<S> {
     fn emit(&mut self, mut event: ContainerEvent) {
-        self.hub.publish(&mut event);
-        self.out.emit(event);
+        let published = self.hub.publish(&mut event);
+        // An update of a container that is gone goes nowhere.
+        if published || event.event != EventKind::Updated {
+            self.out.emit(event);
+        }
     }
 }
 
@@ -1638,6 +1673,54 @@ mod tests {
         }
         assert_eq!(got, [(1, "b".to_owned()), (2, "a".to_owned())]);
         now().await;
+    }
+
+    #[tokio::test]
+    async fn an_update_replaces_a_live_container_and_stays_in_its_removal() {
+        let h = hub(100, 100);
+        let printed = Arc::new(Mutex::new(Vec::new()));
+        let p = Arc::clone(&printed);
+        let mut sink = HubSink::new(Arc::clone(&h), move |e: ContainerEvent| {
+            lock(&p).push(e.event);
+        });
+        let mut w = h.watch(0, Filter::default()).expect("watch");
+        sink.emit(added("a", Status::Created));
+        let mut known = Container::new("a", RuntimeKind::Runc);
+        known.name = Some("web1".into());
+        known.labels.insert("app".into(), "shop".into());
+        sink.emit(ContainerEvent::updated(Source::Docker, known));
+        sink.emit(removed("a"));
+        // An update of a container that is gone is no change, and no line.
+        let mut late = Container::new("a", RuntimeKind::Runc);
+        late.name = Some("late".into());
+        sink.emit(ContainerEvent::updated(Source::Docker, late));
+        let mut kinds = Vec::new();
+        while kinds.len() < 3 {
+            let item = tokio::time::timeout(Duration::from_secs(10), w.next())
+                .await
+                .expect("three changes");
+            match item.expect("item") {
+                WatchItem::Change(c) => {
+                    kinds.push(c.kind);
+                    if c.kind != EventKind::Added {
+                        // The update, and the removal after it, carry the name.
+                        assert_eq!(c.live.container.name.as_deref(), Some("web1"));
+                        assert_eq!(c.live.container.labels["app"], "shop");
+                        // The source and the time of `added` stay.
+                        assert_eq!(c.live.source, Source::RuntimeHook);
+                    }
+                }
+                WatchItem::Snapshot { .. } => {}
+            }
+        }
+        assert_eq!(
+            kinds,
+            [EventKind::Added, EventKind::Updated, EventKind::Removed]
+        );
+        assert_eq!(
+            *lock(&printed),
+            [EventKind::Added, EventKind::Updated, EventKind::Removed]
+        );
     }
 
     /// What a watcher from `since` gets next: the changes' (revision, id),

@@ -24,6 +24,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod docker;
 mod embed;
 mod grpc;
 mod handover;

@@ -14,6 +14,8 @@ struct Merger<S> {
     out: S,
     live: HashMap<String, Source>,
     index: Option<Index>,
+    /// Docker lookups for Docker's containers, once added.
+    docker: Option<crate::docker::Enricher>,
     /// Whether a hook or scan backend runs beside the informer: then an
     /// informer-only container is worth a warning.
     fallback: bool,
@@ -42,9 +44,18 @@ impl<S: Sink> MergeSink<S> {
                 out,
                 live: HashMap::new(),
                 index: None,
+                docker: None,
                 fallback,
                 metrics,
             })),
+        }
+    }
+
+    /// Look Docker's containers up in dockerd once added (their
+    /// `updated` comes back through this sink).
+    pub fn set_docker(&self, docker: crate::docker::Enricher) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.docker = Some(docker);
         }
     }
 
@@ -92,8 +103,23 @@ impl<S: Sink> Sink for MergeSink<S> {
                     return;
                 }
             }
+            // Gone already: nothing to update.
+            EventKind::Updated => {
+                if !m.live.contains_key(&id) {
+                    return;
+                }
+            }
         }
+        let docker = (event.event == EventKind::Added)
+            .then(|| m.docker.clone())
+            .flatten();
+        let container = docker.as_ref().map(|_| event.container.clone());
         m.out.emit(event);
+        // After the `added` went out: the lookup's `updated` waits for this
+        // lock, so it can never overtake it.
+        if let (Some(d), Some(c)) = (docker, container) {
+            d.request(&c);
+        }
     }
 }
 

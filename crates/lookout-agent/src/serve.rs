@@ -26,6 +26,11 @@ struct EventLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     mode: String,
 }
@@ -91,6 +96,7 @@ pub struct Metrics {
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
     k8s_events_dropped: Counter,
+    docker_lookups: Family<OutcomeLabels, Counter>,
     hub: crate::hub::HubMetrics,
 }
 
@@ -230,8 +236,17 @@ impl Metrics {
             "Kubernetes Events dropped over --k8s-events-burst/--k8s-events-per-minute",
             k8s_events_dropped.clone(),
         );
+        let docker_lookups = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "docker_lookups",
+            "Docker containers looked up in dockerd, by outcome: found, unknown (not dockerd's), \
+             unavailable (dockerd stopped, hung or skipped while it is), error (a bad answer), \
+             dropped (the lookup queue was full)",
+            docker_lookups.clone(),
+        );
         let hub = crate::hub::HubMetrics::register(&mut registry);
         Metrics {
+            docker_lookups,
             hub,
             k8s_events_dropped,
             oldest_unanswered,
@@ -274,6 +289,7 @@ impl Metrics {
                 self.tracked.dec();
                 "removed"
             }
+            EventKind::Updated => "updated",
         };
         self.events
             .get_or_create(&EventLabels {
@@ -316,6 +332,15 @@ impl Metrics {
     }
 
     /// The counter of Kubernetes Events dropped by the rate limit.
+    /// Counts one Docker lookup's outcome.
+    pub fn docker_lookup(&self, outcome: &str) {
+        self.docker_lookups
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn k8s_events_dropped(&self) -> Counter {
         self.k8s_events_dropped.clone()
     }

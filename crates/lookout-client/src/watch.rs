@@ -19,7 +19,8 @@ pub(crate) const MAX_MESSAGE: usize = 256 << 20;
 ///
 /// A consumer that mirrors the node's containers keeps a map by
 /// [`Container::id`](v1::Container::id): it *replaces* the map with a
-/// `Snapshot`, inserts on `Added` and removes on `Removed`.
+/// `Snapshot`, inserts on `Added` and `Updated` (replacing what it had) and
+/// removes on `Removed`.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Event {
@@ -40,6 +41,19 @@ pub enum Event {
         /// The change's revision.
         revision: u64,
         /// The container.
+        container: v1::Container,
+        /// `CLOCK_MONOTONIC` nanoseconds when the agent observed the change.
+        monotonic_ns: u64,
+    },
+    /// The agent learnt more of a live container after `Added` (Docker's
+    /// name, image and labels, which dockerd gives only once the start is
+    /// over). `container` is the whole container as now known: replace
+    /// yours. A watcher whose filter did not match it before may get this
+    /// first: take it as `Added`. Never after `Removed`.
+    Updated {
+        /// The change's revision.
+        revision: u64,
+        /// The container, as now known.
         container: v1::Container,
         /// `CLOCK_MONOTONIC` nanoseconds when the agent observed the change.
         monotonic_ns: u64,
@@ -65,6 +79,7 @@ impl Event {
         match self {
             Event::Snapshot { revision, .. }
             | Event::Added { revision, .. }
+            | Event::Updated { revision, .. }
             | Event::Removed { revision, .. } => *revision,
         }
     }
@@ -137,7 +152,7 @@ impl Fold {
                     containers,
                 }))
             }
-            Kind::Added | Kind::Removed => {
+            Kind::Added | Kind::Removed | Kind::Updated => {
                 if self.snapshot.is_some() {
                     self.snapshot = None;
                     return Err(format!(
@@ -160,20 +175,24 @@ impl Fold {
                     return Ok(None);
                 }
                 self.revision = revision;
-                Ok(Some(if kind == Kind::Added {
-                    Event::Added {
+                Ok(Some(match kind {
+                    Kind::Added => Event::Added {
                         revision,
                         container,
                         monotonic_ns: message.monotonic_ns,
-                    }
-                } else {
-                    Event::Removed {
+                    },
+                    Kind::Updated => Event::Updated {
+                        revision,
+                        container,
+                        monotonic_ns: message.monotonic_ns,
+                    },
+                    _ => Event::Removed {
                         revision,
                         container,
                         exit_code: message.exit_code,
                         reason: message.reason,
                         monotonic_ns: message.monotonic_ns,
-                    }
+                    },
                 }))
             }
             Kind::Unspecified => {

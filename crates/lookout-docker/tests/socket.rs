@@ -49,6 +49,13 @@ fn inspect_and_version_as_dockerd_answers_them() {
              \"State\":{{\"Status\":\"running\",\"Pid\":77}}}}"
         )
         .into_bytes(),
+        l if l.starts_with("GET /containers/json?all=1&filters=") => format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n\
+             [{{\"Id\":\"{ID}0\",\"Names\":[\"/prefix-only\"]}},\
+             {{\"Id\":\"{ID}\",\"Names\":[\"/web1\"],\"Image\":\"localhost/bb:1\",\
+             \"ImageID\":\"sha256:5b0\",\"Labels\":{{\"app\":\"shop\"}},\"State\":\"created\"}}]"
+        )
+        .into_bytes(),
         "GET /version HTTP/1.0" => {
             let body = r#"{"Version":"20.10.24","ApiVersion":"1.41","MinAPIVersion":"1.12"}"#;
             format!(
@@ -66,6 +73,15 @@ fn inspect_and_version_as_dockerd_answers_them() {
     assert_eq!(c.labels.get("app").map(String::as_str), Some("shop"));
     assert_eq!((c.status.as_deref(), c.pid), (Some("running"), Some(77)));
     assert_eq!(client.inspect(&"b".repeat(64)).expect("inspect"), None);
+    let f = client.find(ID).expect("find").expect("listed");
+    assert_eq!(
+        (f.name.as_deref(), f.image.as_deref(), f.image_id.as_deref()),
+        (Some("web1"), Some("localhost/bb:1"), Some("sha256:5b0"))
+    );
+    assert_eq!(
+        (f.labels.len(), f.status.as_deref(), f.pid),
+        (1, Some("created"), None)
+    );
     let v = client.version().expect("version");
     assert_eq!(
         (v.version.as_str(), v.api_version.as_str()),
@@ -73,6 +89,13 @@ fn inspect_and_version_as_dockerd_answers_them() {
     );
     assert_eq!(v.min_api_version.as_deref(), Some("1.12"));
     assert!(matches!(client.inspect("../version"), Err(Error::BadId(_))));
+    // A socket owned by anybody but the owner required is not asked.
+    let me = nix::unistd::getuid().as_raw();
+    assert!(client.clone().owner(me).version().is_ok());
+    match client.owner(me + 1).version() {
+        Err(Error::Owner { found, wanted, .. }) => assert_eq!((found, wanted), (me, me + 1)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -43,6 +43,7 @@ impl Running {
                     &e.container.id[60..],
                     e.exit_code.map(|c| format!(":{c}")).unwrap_or_default()
                 ),
+                EventKind::Updated => panic!("the informer sends no updates: {e:?}"),
             });
         }
         v.sort();

@@ -269,6 +269,8 @@ pub enum Source {
     Nri,
     /// NRI's Synchronize: what already ran when lookout registered.
     NriSync,
+    /// The Docker Engine API (an `updated` event's name, image and labels).
+    Docker,
 }
 
 impl fmt::Display for Source {
@@ -279,6 +281,7 @@ impl fmt::Display for Source {
             Source::Informer => "informer",
             Source::Nri => "nri",
             Source::NriSync => "nri-sync",
+            Source::Docker => "docker",
         })
     }
 }
@@ -352,6 +355,23 @@ pub struct Container {
     /// container name.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub pod_sandbox: bool,
+    /// The container's name in its engine (Docker's `--name`), when known.
+    /// It may arrive after `added`, in an `updated` event.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub name: Option<String>,
+    /// The image as the engine was asked for it (Docker's `Config.Image`:
+    /// `nginx:1.27`), when known. A CRI container's is
+    /// `kubernetes.image`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub image: Option<String>,
+    /// The image's id in the engine (`sha256:...`), when known.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub image_id: Option<String>,
+    /// The engine's labels of the container (Docker's `--label`s; on a
+    /// cri-dockerd node, `io.kubernetes.*` among them). Not the OCI
+    /// annotations, which are in `annotations`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The Kubernetes identity of a container.
@@ -377,7 +397,8 @@ pub struct Kubernetes {
 impl Kubernetes {
     /// Reads the annotations the CRI runtimes put in config.json:
     /// containerd's `io.kubernetes.cri.*` and CRI-O's `io.kubernetes.pod.*`
-    /// / `io.kubernetes.container.name`. `None` when there are none (not a
+    /// / `io.kubernetes.container.name` (which cri-dockerd puts in Docker's
+    /// labels: pass those). `None` when there are none (not a
     /// Kubernetes container). A pod sandbox (pause) container gets its
     /// pod's identity, with no container name (see [`is_pod_sandbox`]).
     ///
@@ -420,7 +441,8 @@ impl Kubernetes {
 
 /// Whether a container's annotations mark it as a pod's sandbox (pause)
 /// container: containerd's `io.kubernetes.cri.container-type: sandbox`,
-/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`.
+/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`, and cri-dockerd's
+/// Docker label `io.kubernetes.docker.type: podsandbox`.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -441,6 +463,8 @@ pub fn is_pod_sandbox(a: &BTreeMap<String, String>) -> bool {
     ]
     .iter()
     .any(|k| a.get(*k).is_some_and(|t| t == "sandbox"))
+        || a.get("io.kubernetes.docker.type")
+            .is_some_and(|t| t == "podsandbox")
 }
 
 impl Container {
@@ -461,6 +485,33 @@ impl Container {
             kubernetes: None,
             sandbox: None,
             pod_sandbox: false,
+            name: None,
+            image: None,
+            image_id: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Fills what `self` lacks of the identity lookout learns after
+    /// `added` (name, image, labels, Kubernetes identity) from `known`, an
+    /// earlier report of the same container: a `removed` event built by a
+    /// backend that never learnt them still carries them.
+    pub fn fill_identity_from(&mut self, known: &Container) {
+        if self.name.is_none() {
+            self.name.clone_from(&known.name);
+        }
+        if self.image.is_none() {
+            self.image.clone_from(&known.image);
+        }
+        if self.image_id.is_none() {
+            self.image_id.clone_from(&known.image_id);
+        }
+        if self.labels.is_empty() {
+            self.labels.clone_from(&known.labels);
+        }
+        if self.kubernetes.is_none() {
+            self.kubernetes.clone_from(&known.kubernetes);
+            self.pod_sandbox |= known.pod_sandbox;
         }
     }
 }
@@ -474,6 +525,11 @@ pub enum EventKind {
     Added,
     /// Its init process exited.
     Removed,
+    /// lookout learnt more of it after `added` (Docker's name, image and
+    /// labels, which dockerd gives only once the start is over): the
+    /// event carries the whole container as now known. Never after
+    /// `removed`.
+    Updated,
 }
 
 /// The version of the event's JSON form, in every event as `schema`. It
@@ -493,7 +549,7 @@ pub struct ContainerEvent {
     /// The version of this JSON form ([`SCHEMA_VERSION`]).
     #[serde(default = "schema_version")]
     pub schema: u32,
-    /// Added or removed.
+    /// Added, updated or removed.
     pub event: EventKind,
     /// `CLOCK_MONOTONIC` nanoseconds when lookout observed it.
     pub monotonic_ns: u64,
@@ -516,6 +572,19 @@ impl ContainerEvent {
         ContainerEvent {
             schema: SCHEMA_VERSION,
             event: EventKind::Added,
+            monotonic_ns: monotonic_ns(),
+            source,
+            container,
+            exit_code: None,
+            reason: None,
+        }
+    }
+
+    /// An `updated` event stamped now: `container` as now known.
+    pub fn updated(source: Source, container: Container) -> ContainerEvent {
+        ContainerEvent {
+            schema: SCHEMA_VERSION,
+            event: EventKind::Updated,
             monotonic_ns: monotonic_ns(),
             source,
             container,

@@ -66,6 +66,7 @@ pub struct ProbeOptions<'a> {
     runtime_paths: Vec<PathBuf>,
     default_runtimes: bool,
     nri_socket: PathBuf,
+    docker_sockets: Vec<PathBuf>,
     env: EnvLookup,
 }
 
@@ -77,6 +78,7 @@ impl Default for ProbeOptions<'_> {
             runtime_paths: Vec::new(),
             default_runtimes: true,
             nri_socket: PathBuf::from(DEFAULT_NRI_SOCKET),
+            docker_sockets: vec![PathBuf::from(lookout_docker::DEFAULT_SOCKET)],
             env: Box::new(|k| std::env::var(k).ok()),
         }
     }
@@ -90,6 +92,7 @@ impl std::fmt::Debug for ProbeOptions<'_> {
             .field("runtime_paths", &self.runtime_paths)
             .field("default_runtimes", &self.default_runtimes)
             .field("nri_socket", &self.nri_socket)
+            .field("docker_sockets", &self.docker_sockets)
             .finish()
     }
 }
@@ -104,6 +107,13 @@ impl<'a> ProbeOptions<'a> {
     /// [`DEFAULT_NRI_SOCKET`]), for the `nri:socket` check.
     pub fn nri_socket(mut self, socket: impl Into<PathBuf>) -> Self {
         self.nri_socket = socket.into();
+        self
+    }
+
+    /// dockerd's sockets, host paths (default `/run/docker.sock`; none:
+    /// no check), for the `docker:socket` check.
+    pub fn docker_sockets(mut self, sockets: Vec<PathBuf>) -> Self {
+        self.docker_sockets = sockets;
         self
     }
 
@@ -211,6 +221,12 @@ pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
         "nri:socket",
         &system::nri_socket(&opts.host_root, &opts.nri_socket),
     ));
+    if !opts.docker_sockets.is_empty() {
+        checks.push(Check::from_result(
+            "docker:socket",
+            &system::docker_sockets(&opts.host_root, &opts.docker_sockets),
+        ));
+    }
 
     let fanotify = unit(&fan.init).and_then(|()| unit(&fan.exec_mark));
     let kube_fact = match (unit(&kube), unit(&node)) {

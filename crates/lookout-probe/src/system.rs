@@ -305,6 +305,46 @@ pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
     }
 }
 
+/// Whether dockerd answers on one of `sockets` (host paths): Docker's
+/// containers then get their name, image and labels.
+pub fn docker_sockets(host_root: &Path, sockets: &[std::path::PathBuf]) -> Result<String, Fail> {
+    let mut why = Vec::new();
+    for socket in sockets {
+        let shown = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
+        let at = match lookout_model::resolve_in_root(host_root, socket) {
+            Ok(at) => at,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                why.push(format!("no {}", shown.display()));
+                continue;
+            }
+            Err(e) => {
+                why.push(format!("{}: {e}", shown.display()));
+                continue;
+            }
+        };
+        let client = lookout_docker::Client::new(&at)
+            .timeout(std::time::Duration::from_secs(1))
+            .owner(0);
+        match client.version() {
+            Ok(v) => {
+                return Ok(format!(
+                    "Docker {} (API {}) answers at {}: Docker's containers get their name, image \
+                     and labels",
+                    v.version,
+                    v.api_version,
+                    at.display()
+                ));
+            }
+            Err(e) => why.push(crate::chain(&e)),
+        }
+    }
+    Err(Fail::unsupported(format!(
+        "{}: Docker's containers are reported without their name, image and labels (nothing \
+         is missing on a node without Docker; --docker-socket names another socket)",
+        why.join("; ")
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,6 +98,9 @@ pub(crate) enum Input<P> {
 
 /// What the hook must do, in this order.
 #[derive(Debug)]
+// N.B. effects live for one step, a few at a time: boxing the event
+// would cost an allocation per event to save stack.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Effect<P> {
     /// Read the pid of `id` (from `seen`, or the runtime's state or pid
     /// file), fill the container, and step [`Input::Resolved`]. Off the
@@ -357,6 +360,7 @@ mod tests {
                     let kind = match ev.event {
                         EventKind::Added => "added",
                         EventKind::Removed => "removed",
+                        EventKind::Updated => "updated",
                     };
                     format!("{kind}:{}", ev.container.id)
                 }

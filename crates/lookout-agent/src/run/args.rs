@@ -149,6 +149,26 @@ pub struct RunArgs {
         value_parser = absolute_path
     )]
     pub(crate) nri_socket: PathBuf,
+    /// dockerd's socket (host path, under --host-root), asked for the
+    /// name, image and labels of Docker's containers (those whose runtime
+    /// root is `<exec-root>/runtime-runc/moby`); they follow `added` as an
+    /// `updated` event. Repeat it for several dockerds. No dockerd there:
+    /// Docker's containers are still reported, without them.
+    #[arg(
+        long = "docker-socket",
+        value_name = "PATH",
+        default_value = lookout_docker::DEFAULT_SOCKET,
+        value_parser = absolute_path
+    )]
+    pub(crate) docker_sockets: Vec<PathBuf>,
+    /// Ask no dockerd (Docker's containers are reported without their
+    /// name, image and labels).
+    #[arg(long)]
+    pub(crate) no_docker: bool,
+    /// The longest one question to dockerd may take (connect, ask, read);
+    /// a dockerd that did not answer in time is not asked again for 5 s.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) docker_timeout: Duration,
     /// The longest a container's start waits in NRI for its prestart hooks
     /// and gates; kept under the runtime's request timeout (2 s), past
     /// which the runtime would drop lookout's plugin.

@@ -161,6 +161,11 @@ async fn run_async(
             .runtime_paths(args.runtime_paths.clone())
             .default_runtimes(!args.no_default_runtimes)
             .nri_socket(&args.nri_socket)
+            .docker_sockets(if args.no_docker {
+                Vec::new()
+            } else {
+                args.docker_sockets.clone()
+            })
             .bpf_object(bpf_object)
             .env(move |k| match k {
                 "NODE_NAME" => node_name.clone(),
@@ -401,6 +406,20 @@ impl Discovery<'_> {
         } = backends;
 
         let mut sink = Out::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
+        if !args.no_docker {
+            let sockets = args
+                .docker_sockets
+                .iter()
+                .map(|s| host_path(&args.host_root, s))
+                .collect();
+            sink.set_docker(crate::docker::Enricher::start(
+                sockets,
+                args.docker_timeout,
+                side,
+                sink.clone(),
+                std::sync::Arc::clone(metrics),
+            ));
+        }
         if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
             sink.set_index(i.index());
             if fallback.is_some() {
@@ -554,6 +573,14 @@ fn hub_config(args: &RunArgs) -> HubConfig {
         exempt_namespaces: exempt,
         ..HubConfig::default()
     }
+}
+
+/// A host path as this agent reaches it: under the host root, its links
+/// followed there (as is, when it cannot be resolved yet: dockerd may not
+/// have made its socket).
+fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> std::path::PathBuf {
+    lookout_model::resolve_in_root(host_root, path)
+        .unwrap_or_else(|_| host_root.join(path.strip_prefix("/").unwrap_or(path)))
 }
 
 fn set_ready(shared: &crate::serve::Endpoints, body: String) {

@@ -123,6 +123,7 @@ fn text_line(e: &ContainerEvent) -> String {
     let kind = match e.event {
         EventKind::Added => "ADDED",
         EventKind::Removed => "REMOVED",
+        EventKind::Updated => "UPDATED",
     };
     let mut s = format!(
         "{kind:<8} {:<6} {:<24} pid={:<8} source={}",
@@ -131,6 +132,12 @@ fn text_line(e: &ContainerEvent) -> String {
         c.pid.map_or("-".to_owned(), |p| p.to_string()),
         e.source
     );
+    if let Some(n) = &c.name {
+        s.push_str(&format!(" name={n}"));
+    }
+    if let Some(i) = &c.image {
+        s.push_str(&format!(" image={i}"));
+    }
     if let Some(b) = &c.bundle {
         s.push_str(&format!(" bundle={}", b.display()));
     }
