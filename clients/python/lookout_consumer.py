@@ -68,6 +68,9 @@ def container_json(c):
         "namespace": k.namespace,
         "pod": k.pod,
         "container": k.container,
+        "name": c.name,
+        "image": c.image,
+        "labels": dict(c.labels),
     }
 
 
@@ -98,12 +101,14 @@ def cmd_watch(pb, stub, args):
                     # revision (an agent restarted without its history).
                     known, snapshot, since = snapshot or {}, None, ev.revision
                     emit(event=kind, revision=since, containers=len(known))
-                elif kind in ("ADDED", "REMOVED"):
+                elif kind in ("ADDED", "UPDATED", "REMOVED"):
                     if ev.revision <= since:
                         continue  # passed on already
                     since = ev.revision
                     line = {"event": kind, "revision": since, "container": container_json(ev.container)}
-                    if kind == "ADDED":
+                    if kind != "REMOVED":
+                        # UPDATED: the container as now known (Docker's
+                        # name, image and labels); it replaces what was known.
                         known[ev.container.id] = ev.container
                     else:
                         known.pop(ev.container.id, None)

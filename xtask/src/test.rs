@@ -22,6 +22,9 @@ pub const PACKAGES: &[&str] = &[
     "binutils",
     // gVisor (release 20221219); Debian 13's release is fetched beside it.
     "runsc",
+    // Docker Engine 20.10 (tests/docker.rs, a private dockerd); Debian
+    // 13's 26.1 is fetched beside it.
+    "docker.io",
     // The venv of Python gRPC clients (tests/clients.rs).
     "python3-venv",
     // The Go consumer (clients/go), built offline with Debian's Go and
@@ -91,6 +94,7 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     if root && !opts.no_install {
         fetch_next_debian_runsc()?;
         fetch_containerd17()?;
+        fetch_dockerd26()?;
     }
     python_clients()?;
     if let Some(rounds) = opts.repeat {
@@ -228,6 +232,27 @@ fn fetch_containerd17() -> anyhow::Result<()> {
         "usr/bin/containerd-shim-runc-v2",
         "containerd (Debian 13)",
         "for the CRI and NRI tests",
+    )
+}
+
+/// Where Debian 13's docker.io (26.1) is extracted; `$LOOKOUT_DOCKERD26`
+/// in the tests (`lookout_testsupport::dockerd26()`).
+pub fn dockerd26_dir() -> std::path::PathBuf {
+    crate::build_ebpf::cache_dir().join("docker26")
+}
+
+/// Fetches Debian 13's docker.io package (cached):
+/// `<cache>/docker26/root/usr/sbin/dockerd`. It runs on Debian 12 with
+/// Debian 12's containerd, runc and docker-init (its dockerd needs glibc
+/// 2.34; Debian 13's runc would need 2.38); tests/docker.rs runs it beside
+/// Debian 12's 20.10.
+fn fetch_dockerd26() -> anyhow::Result<()> {
+    fetch_trixie_package(
+        &dockerd26_dir(),
+        "docker.io",
+        "usr/sbin/dockerd",
+        "docker.io (Debian 13)",
+        "for the Docker tests",
     )
 }
 

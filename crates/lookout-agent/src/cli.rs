@@ -826,7 +826,15 @@ feed            crun      -                   -           -      3h    scan
         assert_eq!(value["container"]["labels"]["app"], "shop");
         // Without a pod, the CONTAINER and IMAGE columns are the engine's.
         let table = render_get(7, &[c], GetOutput::Wide, NOW);
-        let row: Vec<&str> = table.lines().nth(1).expect("row").split_whitespace().collect();
-        assert!(row.contains(&"web1") && row.contains(&"localhost/bb:1"), "{row:?}");
+        let row: Vec<&str> = table
+            .lines()
+            .nth(1)
+            .expect("row")
+            .split_whitespace()
+            .collect();
+        assert!(
+            row.contains(&"web1") && row.contains(&"localhost/bb:1"),
+            "{row:?}"
+        );
     }
 }

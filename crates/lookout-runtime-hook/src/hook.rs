@@ -88,6 +88,7 @@ struct Config {
     observer: Option<Arc<dyn Observer>>,
     start_barrier: Option<Arc<dyn StartBarrier>>,
     start_barrier_cap: Duration,
+    state_roots: Vec<(RuntimeKind, PathBuf)>,
 }
 
 /// Sets up a [`RuntimeHook`]: get one with [`RuntimeHook::builder`].
@@ -120,6 +121,7 @@ impl std::fmt::Debug for Builder {
             .field("observer", &c.observer.is_some())
             .field("start_barrier", &c.start_barrier.is_some())
             .field("start_barrier_cap", &c.start_barrier_cap)
+            .field("state_roots", &c.state_roots)
             .finish()
     }
 }
@@ -136,6 +138,7 @@ impl Default for Builder {
                 observer: None,
                 start_barrier: None,
                 start_barrier_cap: Duration::from_secs(10),
+                state_roots: Vec::new(),
             },
         }
     }
@@ -203,6 +206,15 @@ impl Builder {
     pub fn start_barrier(mut self, barrier: Arc<dyn StartBarrier>, cap: Duration) -> Self {
         self.config.start_barrier = Some(barrier);
         self.config.start_barrier_cap = cap;
+        self
+    }
+
+    /// Another state root (runc's `--root`, a host path) for the start-up
+    /// scan, besides the usual ones: a dockerd with its own `--exec-root`
+    /// keeps its containers in `<exec-root>/runtime-runc/moby`. Roots the
+    /// runtimes name in their argv are learnt as they run.
+    pub fn state_root(mut self, runtime: RuntimeKind, root: impl Into<PathBuf>) -> Self {
+        self.config.state_roots.push((runtime, root.into()));
         self
     }
 
@@ -379,6 +391,7 @@ impl RuntimeHook {
         )
         .map_err(Error::Thread)?;
         let (notices_tx, notices_rx) = mpsc::channel(1024);
+        let learned_roots = config.state_roots.clone();
         let mut hook = RuntimeHook {
             config,
             group,
@@ -390,7 +403,7 @@ impl RuntimeHook {
             marked,
             execs,
             gate,
-            learned_roots: Vec::new(),
+            learned_roots,
             unread: Vec::new(),
             late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             unread_since: Instant::now(),

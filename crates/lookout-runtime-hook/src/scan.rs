@@ -123,6 +123,7 @@ pub struct Scanner {
     host_root: PathBuf,
     interval: Duration,
     tracked: HashMap<String, u32>,
+    roots: Vec<(RuntimeKind, PathBuf)>,
 }
 
 impl Scanner {
@@ -132,7 +133,16 @@ impl Scanner {
             host_root,
             interval,
             tracked: HashMap::new(),
+            roots: Vec::new(),
         }
+    }
+
+    /// Scans another state root (runc's `--root`, a host path) besides
+    /// the usual ones.
+    #[must_use]
+    pub fn state_root(mut self, runtime: RuntimeKind, root: impl Into<PathBuf>) -> Scanner {
+        self.roots.push((runtime, root.into()));
+        self
     }
 
     /// Runs until `shutdown` completes.
@@ -149,7 +159,7 @@ impl Scanner {
                 () = &mut shutdown => return,
                 _ = tick.tick() => {
                     let tracked = &self.tracked;
-                    for c in scan_state(&self.host_root, &|id| tracked.contains_key(id)) {
+                    for c in scan_state_in(&self.host_root, &self.roots, &|id| tracked.contains_key(id)) {
                         let Some(pid) = c.pid else { continue };
                         self.tracked.insert(c.id.clone(), pid);
                         let (tx, gone, exited) = (tx.clone(), c.clone(), pidfd::exit_of(pid));

@@ -69,6 +69,16 @@ pub fn runsc_next() -> std::path::PathBuf {
     cache_dir().join("runsc-trixie/root/usr/bin/runsc")
 }
 
+/// Debian 13's dockerd (26.1), which `cargo xtask test` fetches from
+/// Debian's archive and extracts beside the system's (Debian 12's 20.10):
+/// `$LOOKOUT_DOCKERD26`, else `<cache>/docker26/root/usr/sbin/dockerd`.
+pub fn dockerd26() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("LOOKOUT_DOCKERD26") {
+        return p.into();
+    }
+    cache_dir().join("docker26/root/usr/sbin/dockerd")
+}
+
 /// xtask's cache directory: `$LOOKOUT_CACHE_DIR`, `$XDG_CACHE_HOME/lookout`
 /// or `~/.cache/lookout`.
 pub fn cache_dir() -> std::path::PathBuf {

@@ -37,6 +37,7 @@ func container(c *lookoutv1.Container) map[string]interface{} {
 	return map[string]interface{}{
 		"id": c.GetId(), "runtime": c.GetRuntime(), "pid": c.GetPid(), "status": c.GetStatus(),
 		"namespace": k.GetNamespace(), "pod": k.GetPod(), "container": k.GetContainer(),
+		"name": c.GetName(), "image": c.GetImage(), "labels": c.GetLabels(),
 	}
 }
 
@@ -94,14 +95,16 @@ func watch(client lookoutv1.LookoutClient, until string) error {
 				// The snapshot replaces what was known, even at a lower revision.
 				known, snapshot, since = snapshot, nil, ev.GetRevision()
 				emit(map[string]interface{}{"event": "SNAPSHOT_END", "revision": since, "containers": len(known)})
-			case lookoutv1.WatchEvent_ADDED, lookoutv1.WatchEvent_REMOVED:
+			case lookoutv1.WatchEvent_ADDED, lookoutv1.WatchEvent_REMOVED, lookoutv1.WatchEvent_UPDATED:
 				if ev.GetRevision() <= since {
 					continue // passed on already
 				}
 				since = ev.GetRevision()
 				c := ev.GetContainer()
 				line := map[string]interface{}{"event": ev.GetKind().String(), "revision": since, "container": container(c)}
-				if ev.GetKind() == lookoutv1.WatchEvent_ADDED {
+				if ev.GetKind() != lookoutv1.WatchEvent_REMOVED {
+					// UPDATED: the container as now known (Docker's name,
+					// image and labels); it replaces what was known.
 					known[c.GetId()] = c
 				} else {
 					delete(known, c.GetId())

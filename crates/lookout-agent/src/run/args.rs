@@ -161,6 +161,14 @@ pub struct RunArgs {
         value_parser = absolute_path
     )]
     pub(crate) docker_sockets: Vec<PathBuf>,
+    /// Another runtime state root for the start-up scan (and, in scan
+    /// mode, every scan), as `[RUNTIME:]PATH` (host path; runtime `runc`
+    /// unless named): a dockerd with its own `--exec-root` keeps its
+    /// containers in `<exec-root>/runtime-runc/moby`. The usual roots
+    /// (`/run/runc`, `/run/docker/runtime-runc/moby`, containerd's, ...)
+    /// are always scanned.
+    #[arg(long = "state-root", value_name = "[RUNTIME:]PATH", value_parser = parse_state_root)]
+    pub(crate) state_roots: Vec<(lookout_model::RuntimeKind, PathBuf)>,
     /// Ask no dockerd (Docker's containers are reported without their
     /// name, image and labels).
     #[arg(long)]
@@ -308,4 +316,13 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }
+}
+
+/// `[RUNTIME:]PATH`, an absolute host path.
+fn parse_state_root(s: &str) -> Result<(lookout_model::RuntimeKind, PathBuf), String> {
+    let (runtime, path) = match s.split_once(':') {
+        Some((r, p)) if !r.contains('/') => (lookout_model::RuntimeKind::from_binary_name(r), p),
+        _ => (lookout_model::RuntimeKind::Runc, s),
+    };
+    Ok((runtime, absolute_path(path)?))
 }

@@ -496,9 +496,11 @@ impl Discovery<'_> {
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
                 ready();
                 tracing::info!("ready");
-                Scanner::new(args.host_root.clone(), args.scan_interval)
-                    .run(&mut sink, stopped)
-                    .await;
+                let mut scanner = Scanner::new(args.host_root.clone(), args.scan_interval);
+                for (runtime, root) in &args.state_roots {
+                    scanner = scanner.state_root(runtime.clone(), root.clone());
+                }
+                scanner.run(&mut sink, stopped).await;
                 stop_informer(&stop_tx, side).await;
             }
         }

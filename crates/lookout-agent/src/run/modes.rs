@@ -152,6 +152,9 @@ impl Ladder<'_> {
                         .observer(Arc::clone(metrics) as _)
                         .start_barrier(Arc::clone(&barrier), start_cap)
                         .answer_deadline(args.answer_deadline);
+                    for (runtime, root) in &args.state_roots {
+                        builder = builder.state_root(runtime.clone(), root.clone());
+                    }
                     if m == Mode::FanotifyEbpf
                         && let Some(object) = bpf_object
                     {
