@@ -422,3 +422,106 @@ fn the_probe_reports_dockers_socket() {
     assert_eq!(c.status, lookout_probe::Status::Unsupported, "{c:?}");
     assert!(c.detail.contains("no /nonexistent/docker.sock"), "{c:?}");
 }
+
+/// A socket that an unprivileged user owns (a `--docker-socket` in a
+/// directory others may write to) is never asked: its owner could answer
+/// with any pod's identity, and the agent would report it, post Events on
+/// that pod and decide gates by it.
+#[test]
+fn a_docker_socket_an_unprivileged_user_owns_is_never_asked() {
+    const TEST: &str = "docker_forged_socket";
+    if !common::ready(TEST) || !require_program(TEST, "python3") {
+        return;
+    }
+    let Some(user) = lookout_testsupport::unprivileged_user(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    let socket = open.join("docker.sock");
+    let asked = open.join("asked");
+    let id = "f".repeat(64);
+    // The attacker's dockerd: every answer names the container as the
+    // victim's pod; each connection is noted.
+    const FAKE: &str = r#"
+import socket, sys
+path, asked, cid = sys.argv[1:4]
+body = ('[{"Id":"%s","Names":["/forged"],"Labels":{"io.kubernetes.pod.name":"victim",'
+        '"io.kubernetes.pod.namespace":"payments","io.kubernetes.container.name":"app"}}]' % cid)
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    open(asked, "a").write("x")
+    c.recv(65536)
+    c.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body.encode())
+    c.close()
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", FAKE])
+        .arg(&socket)
+        .arg(&asked)
+        .arg(&id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    user.apply(&mut cmd);
+    let _fake = KillOnDrop(cmd.spawn().expect("the attacker's server"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the attacker's socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let runc = Runtime::runc();
+    let agent = Agent::start(&runc, &["--docker-socket", socket.to_str().expect("utf-8")]);
+    let root = dir.path().join("exec/runtime-runc/moby");
+    let root = root.to_str().expect("utf-8");
+    let b = dir.path().join("bundle");
+    lookout_testsupport::bundle::busybox(&b, &["sh", "-c", "exit 0"], |_| {});
+    runc.ok(&[
+        "--root",
+        root,
+        "create",
+        "--bundle",
+        b.to_str().expect("utf-8"),
+        &id,
+    ]);
+    agent.wait_event(&id, "added", Duration::from_secs(10));
+    runc.ok(&["--root", root, "start", &id]);
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    let _ = runc.run(&["--root", root, "delete", "--force", &id]);
+    // The lookup's outcome is counted once it is over: then nothing more
+    // can come.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent
+        .metrics()
+        .lines()
+        .any(|l| l.starts_with("lookout_docker_lookups_total{"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the lookup never ended:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let events = agent.events_for(&id);
+    assert!(
+        events.iter().all(|e| e["event"] != "updated"
+            && e["container"]["kubernetes"].is_null()
+            && e["container"].get("name").is_none()),
+        "{events:?}"
+    );
+    assert!(
+        !asked.exists(),
+        "the agent connected to the attacker's socket"
+    );
+    let log = agent.log();
+    assert!(log.contains(&format!("owned by uid {}", user.uid)), "{log}");
+}
