@@ -175,6 +175,15 @@ struct ProbeArgs {
         value_parser = run::absolute_path
     )]
     nri_socket: PathBuf,
+    /// dockerd's socket, a host path (the `docker:socket` check asks it
+    /// for its version). Repeatable.
+    #[arg(
+        long = "docker-socket",
+        value_name = "PATH",
+        default_value = lookout_docker::DEFAULT_SOCKET,
+        value_parser = run::absolute_path
+    )]
+    docker_sockets: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -244,6 +253,7 @@ fn probe(args: ProbeArgs) -> anyhow::Result<()> {
         .runtime_paths(args.runtime_paths)
         .default_runtimes(!args.no_default_runtimes)
         .nri_socket(args.nri_socket)
+        .docker_sockets(args.docker_sockets)
         .bpf_object(ebpf_object());
     let report = lookout_probe::probe(&opts);
     if args.json || args.output == ProbeOutput::Json {

@@ -543,31 +543,17 @@ impl Client {
             socket: self.socket.clone(),
             after: self.timeout,
         };
-        if let Some(wanted) = self.owner {
-            use std::os::unix::fs::MetadataExt;
-            let found = std::fs::symlink_metadata(&self.socket)
-                .map_err(|source| Error::Connect {
-                    socket: self.socket.clone(),
-                    source,
-                })?
-                .uid();
-            if found != wanted {
-                return Err(Error::Owner {
-                    socket: self.socket.clone(),
-                    found,
-                    wanted,
-                });
-            }
-        }
-        let mut stream = connect(&self.socket, self.timeout).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::TimedOut {
-                timeout()
-            } else {
-                Error::Connect {
-                    socket: self.socket.clone(),
-                    source,
-                }
-            }
+        let mut stream = connect(&self.socket, self.owner, self.timeout).map_err(|e| match e {
+            Connect::Owner(found) => Error::Owner {
+                socket: self.socket.clone(),
+                found,
+                wanted: self.owner.unwrap_or_default(),
+            },
+            Connect::Io(source) if source.kind() == std::io::ErrorKind::TimedOut => timeout(),
+            Connect::Io(source) => Error::Connect {
+                socket: self.socket.clone(),
+                source,
+            },
         })?;
         let left = |deadline: Instant| {
             deadline
@@ -637,29 +623,81 @@ fn status_error(r: &Response) -> Error {
     }
 }
 
-/// Connects to a Unix socket within `timeout`. A blocking connect would
-/// wait as long as the listener's backlog is full (a stopped or hung
-/// dockerd that does not accept), so the socket connects non-blocking: a
-/// Unix socket then fails with EAGAIN at once instead, and the connect is
-/// tried again every few milliseconds until the deadline.
-fn connect(path: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
+/// Why [`connect`] failed.
+enum Connect {
+    /// The socket file's owner was not the one required.
+    Owner(u32),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Connect {
+    fn from(e: std::io::Error) -> Connect {
+        Connect::Io(e)
+    }
+}
+
+impl From<nix::errno::Errno> for Connect {
+    fn from(e: nix::errno::Errno) -> Connect {
+        Connect::Io(e.into())
+    }
+}
+
+/// Connects to a Unix socket within `timeout`.
+///
+/// With an `owner`, the socket file is opened first (`O_PATH |
+/// O_NOFOLLOW`), its owner checked on that very inode, and the connection
+/// made through `/proc/self/fd/<fd>`: a file swapped in after the check
+/// (by whoever may write to its directory) is not the one connected to.
+///
+/// A blocking connect would wait as long as the listener's backlog is full
+/// (a stopped or hung dockerd that does not accept), so the socket connects
+/// non-blocking: a Unix socket then fails with EAGAIN at once instead, and
+/// the connect is tried again every few milliseconds until the deadline.
+fn connect(path: &Path, owner: Option<u32>, timeout: Duration) -> Result<UnixStream, Connect> {
+    use nix::fcntl::OFlag;
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
     const RETRY: Duration = Duration::from_millis(10);
     let deadline = Instant::now() + timeout;
+    let file = match owner {
+        Some(wanted) => {
+            let fd = nix::fcntl::open(
+                path,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )?;
+            let st = nix::sys::stat::fstat(&fd)?;
+            if st.st_uid != wanted {
+                return Err(Connect::Owner(st.st_uid));
+            }
+            use nix::sys::stat::SFlag;
+            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
+                return Err(Connect::Io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a socket",
+                )));
+            }
+            Some(fd)
+        }
+        None => None,
+    };
+    let addr = match &file {
+        Some(fd) => UnixAddr::new(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str())?,
+        None => UnixAddr::new(path)?,
+    };
     let socket = nix::sys::socket::socket(
         AddressFamily::Unix,
         SockType::Stream,
         SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )?;
-    let addr = UnixAddr::new(path)?;
     loop {
-        match nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&socket), &addr) {
+        match nix::sys::socket::connect(socket.as_raw_fd(), &addr) {
             Ok(()) => break,
             Err(nix::errno::Errno::EAGAIN) => {
                 let now = Instant::now();
                 if now >= deadline {
-                    return Err(std::io::ErrorKind::TimedOut.into());
+                    return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
                 }
                 std::thread::sleep(RETRY.min(deadline - now));
             }
@@ -667,6 +705,7 @@ fn connect(path: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
             Err(e) => return Err(e.into()),
         }
     }
+    drop(file);
     let stream = UnixStream::from(socket);
     stream.set_nonblocking(false)?;
     Ok(stream)
