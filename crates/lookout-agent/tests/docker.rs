@@ -78,7 +78,7 @@ impl Dockerd {
         // An image without a registry: busybox's root file system.
         let bundle = docker.dir.path().join("image");
         lookout_testsupport::bundle::busybox(&bundle, &["true"], |_| {});
-        let tar = Command::new("tar")
+        let mut tar = Command::new("tar")
             .arg("-C")
             .arg(bundle.join("rootfs"))
             .args(["-c", "."])
@@ -87,10 +87,11 @@ impl Dockerd {
             .expect("tar");
         let status = docker
             .command(&["import", "-", "localhost/bb:1"])
-            .stdin(tar.stdout.expect("tar's stdout"))
+            .stdin(tar.stdout.take().expect("tar's stdout"))
             .stdout(Stdio::null())
             .status()
             .expect("docker import");
+        assert!(tar.wait().is_ok_and(|s| s.success()), "tar failed");
         assert!(status.success(), "docker import failed:\n{}", docker.log());
         docker
     }

@@ -290,6 +290,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `[RUNTIME:]PATH`, an absolute host path.
+fn parse_state_root(s: &str) -> Result<(lookout_model::RuntimeKind, PathBuf), String> {
+    let (runtime, path) = match s.split_once(':') {
+        Some((r, p)) if !r.contains('/') => (lookout_model::RuntimeKind::from_binary_name(r), p),
+        _ => (lookout_model::RuntimeKind::Runc, s),
+    };
+    Ok((runtime, absolute_path(path)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,13 +325,22 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }
-}
 
-/// `[RUNTIME:]PATH`, an absolute host path.
-fn parse_state_root(s: &str) -> Result<(lookout_model::RuntimeKind, PathBuf), String> {
-    let (runtime, path) = match s.split_once(':') {
-        Some((r, p)) if !r.contains('/') => (lookout_model::RuntimeKind::from_binary_name(r), p),
-        _ => (lookout_model::RuntimeKind::Runc, s),
-    };
-    Ok((runtime, absolute_path(path)?))
+    #[test]
+    fn state_roots_name_their_runtime_or_are_runc() {
+        use lookout_model::RuntimeKind;
+        assert_eq!(
+            parse_state_root("/d/exec/runtime-runc/moby"),
+            Ok((
+                RuntimeKind::Runc,
+                PathBuf::from("/d/exec/runtime-runc/moby")
+            ))
+        );
+        assert_eq!(
+            parse_state_root("crun:/run/x"),
+            Ok((RuntimeKind::Crun, PathBuf::from("/run/x")))
+        );
+        assert!(parse_state_root("crun:relative").is_err());
+        assert!(parse_state_root("relative").is_err());
+    }
 }
