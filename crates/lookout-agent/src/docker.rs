@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lookout_model::{Container, ContainerEvent, Kubernetes, Sink, Source};
+use lookout_model::{Container, ContainerEvent, Kubernetes, RuntimeKind, Sink, Source};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::serve::Metrics;
@@ -39,7 +39,7 @@ const MAX_BODY: usize = 1 << 20;
 /// Queues Docker lookups for the containers that need them.
 #[derive(Clone)]
 pub struct Enricher {
-    tx: mpsc::Sender<Container>,
+    tx: mpsc::Sender<(String, RuntimeKind)>,
     metrics: Arc<Metrics>,
 }
 
@@ -86,7 +86,7 @@ impl Enricher {
         if !wants(c) {
             return;
         }
-        if self.tx.try_send(c.clone()).is_err() {
+        if self.tx.try_send((c.id.clone(), c.runtime.clone())).is_err() {
             self.metrics.docker_lookup("dropped");
             tracing::debug!(id = c.id, "Docker lookup queue full; reported without it");
         }
@@ -183,7 +183,7 @@ fn look_up(daemons: &[Daemon], id: &str) -> Outcome {
 }
 
 async fn work<S>(
-    mut rx: mpsc::Receiver<Container>,
+    mut rx: mpsc::Receiver<(String, RuntimeKind)>,
     daemons: Arc<Vec<Daemon>>,
     out: S,
     metrics: Arc<Metrics>,
@@ -191,44 +191,63 @@ async fn work<S>(
     S: Sink + Clone + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(SLOTS));
-    while let Some(c) = rx.recv().await {
+    while let Some((id, runtime)) = rx.recv().await {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
         let (daemons, mut out, metrics) = (Arc::clone(&daemons), out.clone(), Arc::clone(&metrics));
-        tokio::spawn(async move {
+        // The lookup and the emit both on a blocking thread: the emit may
+        // wait for a slow reader of stdout (up to --event-deadline), which
+        // must not stall the side runtime's one worker.
+        tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            let id = c.id.clone();
-            let outcome = tokio::task::spawn_blocking(move || look_up(&daemons, &id))
-                .await
-                .unwrap_or(Outcome::Error);
+            let outcome = look_up(&daemons, &id);
             metrics.docker_lookup(outcome.label());
             if let Outcome::Found(info) = outcome {
-                let mut c = c;
-                apply(&mut c, info);
-                out.emit(ContainerEvent::updated(Source::Docker, c));
+                out.emit(ContainerEvent::updated(
+                    Source::Docker,
+                    identity(id, runtime, info),
+                ));
             }
         });
     }
 }
 
-/// Puts what dockerd knows into `c`: name, image, labels, and the pod's
-/// identity from cri-dockerd's labels when nothing gave it before.
-pub fn apply(c: &mut Container, info: lookout_docker::ContainerInfo) {
+/// What dockerd knows of container `id`, as a container with nothing
+/// else: name, image, labels, and the pod's identity from cri-dockerd's
+/// labels. The hub folds it into the live container, filling only what
+/// that lacks.
+///
+/// Only the keys kubelet and cri-dockerd write themselves are read
+/// (`io.kubernetes.pod.{name,namespace,uid}`, `io.kubernetes.container.name`,
+/// `io.kubernetes.docker.type`): cri-dockerd copies a pod's own labels
+/// into its sandbox's Docker labels, and those are the pod author's, so a
+/// pod labelled `io.kubernetes.cri.sandbox-namespace: kube-system` must not
+/// be taken for another pod. kubelet's and cri-dockerd's keys are written
+/// after the pod's labels, over any of the same name.
+pub fn identity(
+    id: String,
+    runtime: RuntimeKind,
+    info: lookout_docker::ContainerInfo,
+) -> Container {
+    let mut c = Container::new(id, runtime);
     c.name = info.name;
     c.image = info.image;
     c.image_id = info.image_id;
     c.labels = bounded(info.labels);
-    if c.kubernetes.is_none()
-        && let Some(mut k) = Kubernetes::from_annotations(&c.labels)
-    {
-        c.pod_sandbox = lookout_model::is_pod_sandbox(&c.labels);
-        if c.pod_sandbox {
-            k.container = None;
-        }
-        k.image = k.image.or_else(|| c.image.clone());
+    let label = |k: &str| c.labels.get(k).filter(|v| !v.is_empty()).cloned();
+    let sandbox = label("io.kubernetes.docker.type").is_some_and(|t| t == "podsandbox");
+    let mut k = Kubernetes::default();
+    k.namespace = label("io.kubernetes.pod.namespace");
+    k.pod = label("io.kubernetes.pod.name");
+    k.pod_uid = label("io.kubernetes.pod.uid");
+    k.container = label("io.kubernetes.container.name").filter(|_| !sandbox);
+    if k != Kubernetes::default() {
+        k.image = c.image.clone();
         c.kubernetes = Some(k);
+        c.pod_sandbox = sandbox;
     }
+    c
 }
 
 /// At most as many labels, as long, as the agent keeps of annotations.
@@ -249,7 +268,6 @@ fn bounded(labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lookout_model::RuntimeKind;
 
     fn info(labels: &[(&str, &str)]) -> lookout_docker::ContainerInfo {
         let mut i = lookout_docker::ContainerInfo::default();
@@ -264,9 +282,9 @@ mod tests {
 
     #[test]
     fn cri_dockerd_labels_give_the_pods_identity() {
-        let mut c = Container::new("a".repeat(64), RuntimeKind::Runc);
-        apply(
-            &mut c,
+        let c = identity(
+            "a".repeat(64),
+            RuntimeKind::Runc,
             info(&[
                 ("io.kubernetes.pod.name", "web-0"),
                 ("io.kubernetes.pod.namespace", "default"),
@@ -287,9 +305,9 @@ mod tests {
         assert_eq!(k.image.as_deref(), Some("nginx:1.27"));
         assert!(!c.pod_sandbox);
 
-        let mut s = Container::new("b".repeat(64), RuntimeKind::Runc);
-        apply(
-            &mut s,
+        let s = identity(
+            "b".repeat(64),
+            RuntimeKind::Runc,
             info(&[
                 ("io.kubernetes.pod.name", "web-0"),
                 ("io.kubernetes.pod.namespace", "default"),
@@ -305,9 +323,32 @@ mod tests {
     }
 
     #[test]
+    fn a_pods_own_labels_cannot_name_another_pod() {
+        // cri-dockerd copies the pod's labels into its sandbox's: those
+        // the pod's author chose are not read as its identity.
+        let s = identity(
+            "d".repeat(64),
+            RuntimeKind::Runc,
+            info(&[
+                ("io.kubernetes.cri.sandbox-namespace", "kube-system"),
+                ("io.kubernetes.cri.sandbox-name", "victim"),
+                ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+                ("io.kubernetes.pod.name", "web-0"),
+                ("io.kubernetes.pod.namespace", "shop"),
+                ("io.kubernetes.docker.type", "container"),
+            ]),
+        );
+        let k = s.kubernetes.expect("identity");
+        assert_eq!(
+            (k.namespace.as_deref(), k.pod.as_deref()),
+            (Some("shop"), Some("web-0"))
+        );
+        assert!(!s.pod_sandbox);
+    }
+
+    #[test]
     fn plain_docker_labels_give_no_pod_and_only_dockers_roots_are_looked_up() {
-        let mut c = Container::new("c".repeat(64), RuntimeKind::Runc);
-        apply(&mut c, info(&[("app", "shop")]));
+        let mut c = identity("c".repeat(64), RuntimeKind::Runc, info(&[("app", "shop")]));
         assert_eq!((c.kubernetes.clone(), c.labels.len()), (None, 1));
         assert!(!wants(&c));
         c.runtime_root = Some("/run/docker/runtime-runc/moby".into());

@@ -725,7 +725,7 @@ impl Hub {
                 // The serving agent learns the same and publishes it.
                 EventKind::Updated => {
                     if let Some(added) = sb.added.get_mut(&id) {
-                        added.container = event.container.clone();
+                        added.container.fill_identity_from(&event.container);
                     }
                 }
             }
@@ -770,6 +770,16 @@ impl Hub {
                 let Some(known) = s.live.get(&id) else {
                     return false;
                 };
+                // Only what the live container lacks is taken (name, image,
+                // labels, a Kubernetes identity): its pid, status and the
+                // rest stay, so an update that comes late (after a restart
+                // under the same id) cannot bring back an older process.
+                let mut merged = (*known.container).clone();
+                merged.fill_identity_from(&event.container);
+                if merged == *known.container {
+                    return false;
+                }
+                event.container = merged;
                 let live = Live {
                     container: Arc::new(event.container.clone()),
                     ..known.clone()
@@ -988,6 +998,12 @@ impl Hub {
             if !known {
                 self.publish(&mut e);
                 n_added += 1;
+            } else if lock(&self.state).live.contains_key(id) {
+                // What this agent learnt of a container the predecessor
+                // reported without it (Docker's identity, from a lookup the
+                // predecessor never finished) follows as an update.
+                let mut u = ContainerEvent::updated(Source::Docker, e.container.clone());
+                self.publish(&mut u);
             }
         }
         self.write_book();
@@ -1676,7 +1692,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_update_replaces_a_live_container_and_stays_in_its_removal() {
+    async fn an_update_fills_a_live_container_and_stays_in_its_removal() {
         let h = hub(100, 100);
         let printed = Arc::new(Mutex::new(Vec::new()));
         let p = Arc::clone(&printed);
@@ -1688,6 +1704,8 @@ mod tests {
         let mut known = Container::new("a", RuntimeKind::Runc);
         known.name = Some("web1".into());
         known.labels.insert("app".into(), "shop".into());
+        sink.emit(ContainerEvent::updated(Source::Docker, known.clone()));
+        // The same again (a late second lookup): nothing new, no change.
         sink.emit(ContainerEvent::updated(Source::Docker, known));
         sink.emit(removed("a"));
         // An update of a container that is gone is no change, and no line.
@@ -1706,8 +1724,12 @@ mod tests {
                         // The update, and the removal after it, carry the name.
                         assert_eq!(c.live.container.name.as_deref(), Some("web1"));
                         assert_eq!(c.live.container.labels["app"], "shop");
-                        // The source and the time of `added` stay.
+                        // The source and the time of `added` stay, and
+                        // so does the pid: an update brings identity only.
                         assert_eq!(c.live.source, Source::RuntimeHook);
+                        if c.kind == EventKind::Updated {
+                            assert_eq!(c.live.container.pid, Some(7));
+                        }
                     }
                 }
                 WatchItem::Snapshot { .. } => {}
@@ -1720,6 +1742,11 @@ mod tests {
         assert_eq!(
             *lock(&printed),
             [EventKind::Added, EventKind::Updated, EventKind::Removed]
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), w.next())
+                .await
+                .is_err()
         );
     }
 

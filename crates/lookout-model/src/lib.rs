@@ -397,8 +397,7 @@ pub struct Kubernetes {
 impl Kubernetes {
     /// Reads the annotations the CRI runtimes put in config.json:
     /// containerd's `io.kubernetes.cri.*` and CRI-O's `io.kubernetes.pod.*`
-    /// / `io.kubernetes.container.name` (which cri-dockerd puts in Docker's
-    /// labels: pass those). `None` when there are none (not a
+    /// / `io.kubernetes.container.name`. `None` when there are none (not a
     /// Kubernetes container). A pod sandbox (pause) container gets its
     /// pod's identity, with no container name (see [`is_pod_sandbox`]).
     ///
@@ -441,8 +440,7 @@ impl Kubernetes {
 
 /// Whether a container's annotations mark it as a pod's sandbox (pause)
 /// container: containerd's `io.kubernetes.cri.container-type: sandbox`,
-/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`, and cri-dockerd's
-/// Docker label `io.kubernetes.docker.type: podsandbox`.
+/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -463,8 +461,6 @@ pub fn is_pod_sandbox(a: &BTreeMap<String, String>) -> bool {
     ]
     .iter()
     .any(|k| a.get(*k).is_some_and(|t| t == "sandbox"))
-        || a.get("io.kubernetes.docker.type")
-            .is_some_and(|t| t == "podsandbox")
 }
 
 impl Container {
@@ -493,9 +489,10 @@ impl Container {
     }
 
     /// Fills what `self` lacks of the identity lookout learns after
-    /// `added` (name, image, labels, Kubernetes identity) from `known`, an
-    /// earlier report of the same container: a `removed` event built by a
-    /// backend that never learnt them still carries them.
+    /// `added` (name, image, labels, Kubernetes identity) from `known`: an
+    /// earlier report of the same container (a `removed` event built by a
+    /// backend that never learnt them still carries them), or an `updated`
+    /// one (which changes nothing else: not the pid, not the status).
     pub fn fill_identity_from(&mut self, known: &Container) {
         if self.name.is_none() {
             self.name.clone_from(&known.name);
