@@ -235,8 +235,11 @@ fn a_surge_rollout_hands_over_with_every_change_and_every_hook_once() {
         "the old agent exits cleanly:\n{}",
         old.log()
     );
+    // What this guards against is the old agent waiting out its 5 s limit
+    // for a standby; the time itself is printed above, not asserted (1 s
+    // failed once on this 2-core VM with three test binaries' agents busy).
     assert!(
-        handover < Duration::from_secs(1),
+        handover < Duration::from_secs(3),
         "the new agent served the socket {handover:?} after the old one's SIGTERM:\n{}",
         new.log()
     );
