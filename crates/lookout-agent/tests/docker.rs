@@ -255,6 +255,11 @@ fn docker_containers_with_their_identity(test: &str, dockerd: &Path, release: &s
     assert_eq!(added["container"]["status"], "created", "{added}");
     assert_eq!(added["container"]["runtime_root"], root.as_str(), "{added}");
     let u = updated(&agent, &web);
+    let after = |e: &Value| e["monotonic_ns"].as_u64().unwrap_or(0);
+    println!(
+        "docker {release}: updated {:.1} ms after added",
+        after(&u).saturating_sub(after(&added)) as f64 / 1e6
+    );
     assert_eq!(u["container"]["name"], "web1", "{u}");
     assert_eq!(u["container"]["image"], "localhost/bb:1", "{u}");
     assert_eq!(u["container"]["labels"]["app"], "shop", "{u}");
