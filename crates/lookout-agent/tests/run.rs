@@ -902,6 +902,68 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
     );
 }
 
+/// SIGTERM the moment the agent logs `ready`: the handler must already be
+/// installed (it once was installed only when first polled, after a scan
+/// mode agent's first scan, and such a SIGTERM killed it: exit by signal).
+#[test]
+fn a_sigterm_right_after_ready_shuts_down_cleanly() {
+    for round in 0..12 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stderr = dir.path().join("stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+        cmd.args([
+            "run",
+            "--no-socket",
+            "--output",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(Runtime::agent_args(None))
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("stderr"));
+        lookout_testsupport::Restrictions::new()
+            .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
+            .apply(&mut cmd)
+            .expect("restrict");
+        let mut child = KillOnDrop(cmd.spawn().expect("spawn"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .contains("lookout_agent::run: ready")
+        {
+            assert!(Instant::now() < deadline, "round {round}: never ready");
+            assert!(
+                child.0.try_wait().expect("try_wait").is_none(),
+                "round {round}: exited before ready"
+            );
+            std::thread::yield_now();
+        }
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+        let status = loop {
+            if let Some(s) = child.0.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+        assert!(status.success(), "round {round}: {status:?}\n{log}");
+        assert!(
+            log.contains("SIGTERM: shutting down"),
+            "round {round}: {log}"
+        );
+    }
+}
+
 #[test]
 fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     if !ready("no_fanotify_scan") {

@@ -31,18 +31,25 @@ use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
 use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
 use crate::merge;
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, and returns what
+/// waits for either. Installed at once, not when first polled: a signal
+/// that arrives while discovery starts (or right after `ready`) must
+/// shut the agent down cleanly, not kill it with the default action.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers, run until killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            // Without signal handlers, run until killed.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
     }
 }
 
@@ -61,13 +68,13 @@ pub(crate) enum Control {
 impl Control {
     fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
         let stop = match self {
-            Control::Signals => None,
-            Control::Embedded { stop, .. } => Some(stop.clone()),
+            Control::Signals => Err(shutdown_signal()),
+            Control::Embedded { stop, .. } => Ok(stop.clone()),
         };
         async move {
             match stop {
-                None => shutdown_signal().await,
-                Some(mut s) => {
+                Err(signals) => signals.await,
+                Ok(mut s) => {
                     let _ = s.wait_for(|v| *v).await;
                     tracing::info!("stop requested: shutting down");
                 }
