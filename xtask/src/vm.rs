@@ -483,7 +483,7 @@ fn assemble(guest: &Guest, debian: &Debian, archive: &Path, root: &Path) -> anyh
         let from = debian.tree.join(&rel);
         // The packages' links are absolute (`/lib64/ld-linux-x86-64.so.2 ->
         // /lib/x86_64-linux-gnu/ld-2.31.so`): followed inside the tree.
-        let real = lookout_model::resolve_in_root(&debian.tree, Path::new(&rel))
+        let real = lookout_host::resolve_in_root(&debian.tree, Path::new(&rel))
             .with_context(|| format!("{} is missing", from.display()))?;
         let to = root.join(&rel);
         if let Some(p) = to.parent() {

@@ -256,12 +256,12 @@ pub struct HookSink<S> {
 /// The runtime hook's view: wait for a container's prestart hooks.
 pub struct Barrier(Arc<Dispatcher>);
 
-impl lookout_runtime_hook::StartBarrier for Barrier {
-    fn wait(&self, id: &str) -> Option<lookout_runtime_hook::StartWait> {
+impl lookout_model::StartBarrier for Barrier {
+    fn wait(&self, id: &str) -> Option<lookout_model::StartWait> {
         let mut rx = self.0.barriers.lock().ok()?.get(id).cloned()?;
         Some(Box::pin(async move {
             let _ = rx.wait_for(|done| *done).await;
-            lookout_runtime_hook::StartDecision::Proceed
+            lookout_model::StartDecision::Proceed
         }))
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, EventKind, Sink, Source, Status};
-use lookout_runtime_hook::{StartBarrier, StartDecision, StartWait};
+use lookout_model::{StartBarrier, StartDecision, StartWait};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, Kubernetes, RuntimeKind, Sink, Source, Status};
 use lookout_nri::{ContainerPhase, Delivery, Event, Events, PodPhase};
-use lookout_runtime_hook::{StartBarrier, StartDecision};
+use lookout_model::{StartBarrier, StartDecision};
 
 /// Time kept back from the plugin's deadline for answering.
 const ANSWER_MARGIN: Duration = Duration::from_millis(50);
@@ -170,7 +170,7 @@ pub(crate) async fn report<S: Sink + Send>(
 async fn hold(
     id: &str,
     init: Option<(u32, std::io::Result<lookout_runtime_hook::ProcessHandle>)>,
-    wait: lookout_runtime_hook::StartWait,
+    wait: lookout_model::StartWait,
     ack: &lookout_nri::Ack,
     metrics: &crate::serve::Metrics,
 ) {
@@ -297,6 +297,6 @@ fn fill_pod(k: &mut Kubernetes, p: &lookout_nri::Pod) {
 /// node agent), with what /proc tells about it.
 fn set_pid(c: &mut Container, pid: u32) {
     c.pid = Some(pid);
-    c.namespaces = lookout_model::proc::namespaces(pid);
-    c.cgroup = lookout_model::proc::cgroup(pid);
+    c.namespaces = lookout_host::proc::namespaces(pid);
+    c.cgroup = lookout_host::proc::cgroup(pid);
 }

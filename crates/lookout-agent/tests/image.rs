@@ -560,7 +560,7 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     let id = format!("lk-image-{}", std::process::id());
     let (pid, bundle, root) = host_container(scratch, &id, None);
     // As the host sees it (the container runs `sleep 2`).
-    let host_cgroup = lookout_model::proc::cgroup(pid).expect("the container's cgroup");
+    let host_cgroup = lookout_host::proc::cgroup(pid).expect("the container's cgroup");
     let added = pod.wait_event(&id, "added", Duration::from_secs(5));
     cleanup(&root, &id);
     pod.wait_event(&id, "removed", Duration::from_secs(10));

@@ -322,8 +322,8 @@ impl Informer {
                 Change::Added(mut c) => {
                     if let Some(&pid) = pids.get(&c.id) {
                         c.pid = Some(pid);
-                        c.namespaces = lookout_model::proc::namespaces(pid);
-                        c.cgroup = lookout_model::proc::cgroup(pid);
+                        c.namespaces = lookout_host::proc::namespaces(pid);
+                        c.cgroup = lookout_host::proc::cgroup(pid);
                     }
                     sink.emit(ContainerEvent::added(Source::Informer, c));
                 }

@@ -79,7 +79,7 @@ pub fn find_pids(proc_root: &Path, wanted: &HashSet<String>) -> HashMap<String, 
         let Ok(text) = std::fs::read_to_string(entry.path().join("cgroup")) else {
             continue;
         };
-        let Some(path) = lookout_model::proc::parse_cgroup(&text) else {
+        let Some(path) = lookout_host::proc::parse_cgroup(&text) else {
             continue;
         };
         let Some(id) = container_id_from_cgroup(&path).filter(|id| wanted.contains(*id)) else {
@@ -87,7 +87,7 @@ pub fn find_pids(proc_root: &Path, wanted: &HashSet<String>) -> HashMap<String, 
         };
         let started = std::fs::read_to_string(entry.path().join("stat"))
             .ok()
-            .and_then(|s| lookout_model::proc::parse_start_time(&s))
+            .and_then(|s| lookout_host::proc::parse_start_time(&s))
             .unwrap_or(u64::MAX);
         let e = best.entry(id.to_owned()).or_insert((started, pid));
         if (started, pid) < *e {

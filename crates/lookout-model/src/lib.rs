@@ -21,8 +21,6 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod proc;
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -40,88 +38,6 @@ pub fn valid_container_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
-}
-
-/// Where the host's path `path` is for a process that sees the host's root
-/// at `host_root` (`/` on the host, `/host` in the DaemonSet's pod):
-/// `host_path("/host", "/run/runc")` is `/host/run/runc`. A relative `path`
-/// is taken as relative to the host's root.
-///
-/// ```
-/// use lookout_model::host_path;
-/// use std::path::Path;
-/// assert_eq!(host_path(Path::new("/host"), Path::new("/run/runc")), Path::new("/host/run/runc"));
-/// assert_eq!(host_path(Path::new("/"), Path::new("/run/runc")), Path::new("/run/runc"));
-/// ```
-pub fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> PathBuf {
-    host_root.join(path.strip_prefix("/").unwrap_or(path))
-}
-
-/// Resolves `path`, a host path, under `host_root` as the host resolves it:
-/// symlinks are followed, but an absolute link starts again at
-/// `host_root` and `..` never goes above it (at most 40 links, as the
-/// kernel allows; more is `ELOOP`). Returns the path under `host_root`.
-///
-/// A DaemonSet sees the host at `/host`; a host symlink such as
-/// `/usr/bin/sh -> /bin/dash` must be read as `/host/bin/dash`, not as the
-/// pod's own `/bin/dash`.
-///
-/// ```
-/// use lookout_model::resolve_in_root;
-/// let root = std::env::temp_dir().join(format!("resolve-doc-{}", std::process::id()));
-/// std::fs::create_dir_all(root.join("usr/bin")).unwrap();
-/// std::fs::write(root.join("usr/bin/dash"), b"").unwrap();
-/// let _ = std::fs::remove_file(root.join("usr/bin/sh"));
-/// std::os::unix::fs::symlink("/usr/bin/dash", root.join("usr/bin/sh")).unwrap();
-/// let got = resolve_in_root(&root, std::path::Path::new("/usr/bin/sh")).unwrap();
-/// assert_eq!(got, root.join("usr/bin/dash"));
-/// # std::fs::remove_dir_all(&root).unwrap();
-/// ```
-pub fn resolve_in_root(
-    host_root: &std::path::Path,
-    path: &std::path::Path,
-) -> std::io::Result<PathBuf> {
-    use std::path::Component;
-    const MAX_LINKS: usize = 40;
-    let mut links = 0;
-    // Components still to walk, reversed (a stack).
-    let mut todo: Vec<std::ffi::OsString> = Vec::new();
-    let push = |todo: &mut Vec<std::ffi::OsString>, p: &std::path::Path| {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(s) => todo.push(s.to_os_string()),
-                Component::ParentDir => todo.push("..".into()),
-                _ => {}
-            }
-        }
-    };
-    push(&mut todo, path);
-    let mut done: Vec<std::ffi::OsString> = Vec::new();
-    while let Some(c) = todo.pop() {
-        if c == ".." {
-            done.pop();
-            continue;
-        }
-        let mut at = host_root.to_path_buf();
-        at.extend(&done);
-        at.push(&c);
-        if !std::fs::symlink_metadata(&at)?.file_type().is_symlink() {
-            done.push(c);
-            continue;
-        }
-        links += 1;
-        if links > MAX_LINKS {
-            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-        }
-        let target = std::fs::read_link(&at)?;
-        if target.is_absolute() {
-            done.clear();
-        }
-        push(&mut todo, &target);
-    }
-    let mut out = host_root.to_path_buf();
-    out.extend(&done);
-    Ok(out)
 }
 
 /// Displays an error with its whole chain of causes, `outer: cause: root`.
@@ -186,6 +102,49 @@ pub trait Sink {
 impl<F: FnMut(ContainerEvent)> Sink for F {
     fn emit(&mut self, event: ContainerEvent) {
         self(event)
+    }
+}
+
+/// What a [`StartBarrier`] decided about a container's start.
+///
+/// Exhaustive on purpose: whoever holds a start must handle every
+/// decision, and a new one must be a compile error there, not a silent
+/// default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartDecision {
+    /// The runtime's `start` goes on.
+    Proceed,
+    /// The runtime's `start` exec is refused (`EPERM`), and the
+    /// container's init process, still waiting for `start` in the
+    /// runtime's init, is killed: the container never runs its first
+    /// instruction, and is reported removed.
+    Deny(String),
+}
+
+/// A future a [`StartBarrier`] returns.
+pub type StartWait = std::pin::Pin<Box<dyn std::future::Future<Output = StartDecision> + Send>>;
+
+/// Something the runtime's `start` of a container waits for, such as the
+/// container's prestart hooks or a consumer's gate. Called right after the container was
+/// reported (the `added` event went to the [`Sink`]), by whatever holds the
+/// start: lookout-runtime-hook's fanotify gate, or the NRI plugin.
+pub trait StartBarrier: Send + Sync {
+    /// A future that completes when `start` of container `id` may go on
+    /// (or must not), or `None` to go on at once. The hook waits at most
+    /// its own cap (then proceeds), without holding up
+    /// other execs. The hook polls the future once on its own task (a
+    /// barrier that has already decided costs no task), so neither `wait`
+    /// nor a poll may block.
+    fn wait(&self, id: &str) -> Option<StartWait>;
+
+    /// [`wait`](Self::wait) for a caller that stops waiting at `until`
+    /// (an NRI plugin answers the runtime by its request deadline). A
+    /// barrier with deadlines of its own should decide by then, so that
+    /// its decision, not the caller's timeout, settles the start. The
+    /// default ignores `until`.
+    fn wait_until(&self, id: &str, until: std::time::Instant) -> Option<StartWait> {
+        let _ = until;
+        self.wait(id)
     }
 }
 
@@ -608,6 +567,11 @@ impl ContainerEvent {
         }
     }
 }
+
+// Compiles the README's examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(test)]
 mod tests {

@@ -268,12 +268,12 @@ pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, Load
     // The hook runs in the host's mount namespace: its symlinks (an
     // absolute `/usr/bin/sh -> /bin/dash`) are the host's, read under
     // `hook_root`, not this process's root.
-    let checked = lookout_model::resolve_in_root(hook_root, p)
+    let checked = lookout_host::resolve_in_root(hook_root, p)
         .and_then(|here| std::fs::metadata(&here).map(|_| ()));
     if let Err(source) = checked {
         return Err(LoadError::HookPath {
             path: path.to_path_buf(),
-            hook_path: lookout_model::host_path(hook_root, p),
+            hook_path: lookout_host::host_path(hook_root, p),
             source,
         });
     }

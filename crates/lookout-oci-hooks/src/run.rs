@@ -194,8 +194,8 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
     // Host paths: as they are in the host's mount namespace, or else under
     // `host_root` from ours, the host's symlinks followed there.
     let here = |p: &Path| {
-        lookout_model::resolve_in_root(&opts.host_root, p)
-            .unwrap_or_else(|_| lookout_model::host_path(&opts.host_root, p))
+        lookout_host::resolve_in_root(&opts.host_root, p)
+            .unwrap_or_else(|_| lookout_host::host_path(&opts.host_root, p))
     };
     let program = if in_host { path.clone() } else { here(&path) };
     let cwd = if in_host {

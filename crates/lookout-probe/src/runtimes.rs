@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use lookout_model::resolve_in_root;
+use lookout_host::resolve_in_root;
 
 use serde::{Deserialize, Serialize};
 

@@ -276,7 +276,7 @@ pub fn state_dirs(host_root: &Path) -> Result<String, Fail> {
 pub fn nri_socket(host_root: &Path, socket: &Path) -> Result<String, Fail> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let shown = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
-    let at = match lookout_model::resolve_in_root(host_root, socket) {
+    let at = match lookout_host::resolve_in_root(host_root, socket) {
         Ok(at) => at,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Fail::unsupported(format!(
@@ -311,7 +311,7 @@ pub fn docker_sockets(host_root: &Path, sockets: &[std::path::PathBuf]) -> Resul
     let mut why = Vec::new();
     for socket in sockets {
         let shown = host_root.join(socket.strip_prefix("/").unwrap_or(socket));
-        let at = match lookout_model::resolve_in_root(host_root, socket) {
+        let at = match lookout_host::resolve_in_root(host_root, socket) {
             Ok(at) => at,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 why.push(format!("no {}", shown.display()));

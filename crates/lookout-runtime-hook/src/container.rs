@@ -4,7 +4,7 @@
 use lookout_model::{Container, RuntimeKind, Status};
 
 use crate::oci::OciConfig;
-use crate::proc;
+use lookout_host::proc;
 
 /// Sets what the init process `pid` and the bundle's `config` tell about
 /// `c`: pid, status, namespaces, cgroup, annotations (and the Kubernetes

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Report};
-use lookout_model::{Container, RuntimeKind, Sink, Status};
+use lookout_model::{Container, RuntimeKind, Sink, StartBarrier, StartDecision, Status};
 use tokio::sync::mpsc;
 
 use crate::argv::{self, Command, Invocation};
@@ -18,7 +18,8 @@ use crate::oci::OciConfig;
 use crate::run_watch::Observed;
 use crate::state::{default_root, leaves_trace, read_pid_file_under, read_state_under};
 use crate::stats::{Counters, Observer, Stats};
-use crate::{Error, pidfd, proc};
+use crate::{Error, pidfd};
+use lookout_host::proc;
 
 /// Finds the runtime binaries again (for binaries installed after start).
 #[derive(Clone)]
@@ -34,46 +35,6 @@ impl std::fmt::Debug for Rescan {
         f.debug_struct("Rescan")
             .field("interval", &self.interval)
             .finish_non_exhaustive()
-    }
-}
-
-/// What a [`StartBarrier`] decided about a container's start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StartDecision {
-    /// The runtime's `start` goes on.
-    Proceed,
-    /// The runtime's `start` exec is refused (`EPERM`), and the
-    /// container's init process, still waiting for `start` in the
-    /// runtime's init, is killed: the container never runs its first
-    /// instruction, and is reported removed.
-    Deny(String),
-}
-
-/// A future a [`StartBarrier`] returns.
-pub type StartWait = std::pin::Pin<Box<dyn std::future::Future<Output = StartDecision> + Send>>;
-
-/// Something the runtime's `start` of a container waits for, such as the
-/// container's prestart hooks or a consumer's gate. Called on the hook's
-/// task right after the container was reported (the `added` event went to
-/// the sink).
-pub trait StartBarrier: Send + Sync {
-    /// A future that completes when `start` of container `id` may go on
-    /// (or must not), or `None` to go on at once. The hook waits at most
-    /// the cap given to [`Builder::start_barrier`] (then proceeds), without holding up
-    /// other execs. The hook polls the future once on its own task (a
-    /// barrier that has already decided costs no task), so neither `wait`
-    /// nor a poll may block.
-    fn wait(&self, id: &str) -> Option<StartWait>;
-
-    /// [`wait`](Self::wait) for a caller that stops waiting at `until`
-    /// (an NRI plugin answers the runtime by its request deadline). A
-    /// barrier with deadlines of its own should decide by then, so that
-    /// its decision, not the caller's timeout, settles the start. The
-    /// default ignores `until`.
-    fn wait_until(&self, id: &str, until: std::time::Instant) -> Option<StartWait> {
-        let _ = until;
-        self.wait(id)
     }
 }
 
@@ -824,7 +785,7 @@ impl RuntimeHook {
             // `run` creates and starts in one process: catch the state
             // file while the container lives.
             let (tx, mut rx) = mpsc::channel(1);
-            let root = lookout_model::host_path(&self.config.host_root, &root);
+            let root = lookout_host::host_path(&self.config.host_root, &root);
             crate::run_watch::spawn(inv.runtime.clone(), root, id, pid, tx);
             let notices = self.notices_tx.clone();
             tokio::spawn(async move {

@@ -13,7 +13,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::sync::mpsc;
 
-use crate::proc;
+use lookout_host::proc;
 use crate::state::{read_state, state_file};
 
 /// What the watcher saw, read at once so that it survives the container.

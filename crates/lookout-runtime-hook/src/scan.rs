@@ -15,7 +15,8 @@ use crate::oci::read_config_within;
 /// must not stall discovery of the others).
 const SCAN_CONFIG_DEADLINE: Duration = Duration::from_secs(1);
 use crate::state::{read_state_under, scan_roots};
-use crate::{argv, pidfd, proc};
+use crate::{argv, pidfd};
+use lookout_host::proc;
 
 /// Containers whose state files name a live process (start time checked
 /// against pid reuse), skipping ids for which `known` is true.
@@ -38,7 +39,7 @@ pub fn scan_state_in(
         }
     }
     for (runtime, root) in roots {
-        let Ok(entries) = std::fs::read_dir(lookout_model::host_path(host_root, &root)) else {
+        let Ok(entries) = std::fs::read_dir(lookout_host::host_path(host_root, &root)) else {
             continue;
         };
         for e in entries.flatten() {

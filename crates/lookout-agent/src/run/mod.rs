@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lookout_probe::ProbeOptions;
-use lookout_runtime_hook::{RuntimeHook, Scanner, StartBarrier};
+use lookout_model::StartBarrier;
+use lookout_runtime_hook::{RuntimeHook, Scanner};
 
 use args::ModeArg;
 pub(crate) use args::parse_duration;
@@ -108,7 +109,7 @@ pub(crate) fn run_with(
     raise_memlock_limit();
     // Cgroup paths as the host sees them, not relative to a pod's own
     // cgroup namespace.
-    match lookout_model::proc::use_host_cgroup_namespace(args.host_namespaces_pid) {
+    match lookout_host::proc::use_host_cgroup_namespace(args.host_namespaces_pid) {
         Ok(true) => tracing::info!(
             pid = args.host_namespaces_pid,
             "cgroup paths are read in the host's cgroup namespace"
@@ -263,7 +264,7 @@ async fn run_async(
     }
     let may_stand_by = matches!(control, Control::Signals);
     let api = api::Api::start(&args, &hub, &side, coordinated, may_stand_by);
-    let mut barriers: Vec<std::sync::Arc<dyn lookout_runtime_hook::StartBarrier>> =
+    let mut barriers: Vec<std::sync::Arc<dyn lookout_model::StartBarrier>> =
         vec![std::sync::Arc::new(GateBarrier(std::sync::Arc::clone(
             &hub,
         )))];
@@ -588,7 +589,7 @@ fn hub_config(args: &RunArgs) -> HubConfig {
 /// followed there (as is, when it cannot be resolved yet: dockerd may not
 /// have made its socket).
 fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> std::path::PathBuf {
-    lookout_model::resolve_in_root(host_root, path)
+    lookout_host::resolve_in_root(host_root, path)
         .unwrap_or_else(|_| host_root.join(path.strip_prefix("/").unwrap_or(path)))
 }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use lookout_probe::{Mode, ProbeReport};
-use lookout_runtime_hook::{RuntimeHook, StartBarrier};
+use lookout_model::StartBarrier;
+use lookout_runtime_hook::RuntimeHook;
 
 use super::args::RunArgs;
 use crate::serve::Metrics;
@@ -73,7 +74,7 @@ pub(super) async fn start_nri(
     if nix::unistd::geteuid().is_root() {
         builder = builder.socket_owner(0);
     }
-    let socket = lookout_model::host_path(&args.host_root, &args.nri_socket);
+    let socket = lookout_host::host_path(&args.host_root, &args.nri_socket);
     match builder.clone().probe(Duration::from_secs(5)).await {
         Ok(runtime) => tracing::info!(
             socket = %socket.display(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lookout_model::{ContainerEvent, EventKind};
-use lookout_runtime_hook::Sink;
+use lookout_model::Sink;
 
 use super::args::Output;
 

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::Namespaces;
+use lookout_model::Namespaces;
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
     let target = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?;
@@ -14,11 +14,11 @@ fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
 
 /// The mnt, net and pid namespace inodes of `pid`.
 pub fn namespaces(pid: u32) -> Namespaces {
-    Namespaces {
-        mnt: ns_inode(pid, "mnt"),
-        net: ns_inode(pid, "net"),
-        pid: ns_inode(pid, "pid"),
-    }
+    let mut ns = Namespaces::default();
+    ns.mnt = ns_inode(pid, "mnt");
+    ns.net = ns_inode(pid, "net");
+    ns.pid = ns_inode(pid, "pid");
+    ns
 }
 
 /// The cgroup of `pid`: the cgroup2 (`0::`) path if there is one, else the
