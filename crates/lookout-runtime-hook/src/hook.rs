@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::container::fill;
-use crate::gate::{Exec, Gate, Held, Marked, Unseen};
+use crate::answer::{Answerer, Exec, Held, Marked, Unseen};
 use crate::lifecycle::{Effect, Input, Lifecycle, Pending};
 use crate::oci::OciConfig;
 use crate::run_watch::Observed;
@@ -211,7 +211,7 @@ enum Notice {
     /// Scan the state directories again (see [`Afterwards`]).
     Reconcile,
     /// fanotify-only mode: a runtime exec by a caller other than host
-    /// root: not a container (see the gate).
+    /// root: not a container (see the answerer).
     Foreign { pid: u32 },
     /// The init process of a tracked container exited.
     Exited(String, u32),
@@ -263,7 +263,7 @@ pub struct RuntimeHook {
     counters: Arc<Counters>,
     marked: Arc<Marked>,
     execs: mpsc::Receiver<Exec>,
-    gate: Gate,
+    answerer: Answerer,
     /// Runtime roots seen in argv (`--root`), scanned by reconciliation
     /// besides the default ones. Bounded by [`MAX_LEARNED_ROOTS`].
     learned_roots: Vec<(RuntimeKind, PathBuf)>,
@@ -280,11 +280,11 @@ pub struct RuntimeHook {
 
 impl Drop for RuntimeHook {
     fn drop(&mut self) {
-        // Closing the channel first lets a gate blocked on a full channel
+        // Closing the channel first lets an answerer blocked on a full channel
         // go on (its message, and the exec in it, is allowed on drop).
         self.execs.close();
         while self.execs.try_recv().is_ok() {}
-        self.gate.stop();
+        self.answerer.stop();
     }
 }
 
@@ -343,7 +343,7 @@ impl RuntimeHook {
         let marked = Arc::new(Marked::default());
         let (exec_tx, execs) = mpsc::channel(1024);
         let ring = capture.as_mut().and_then(ExecCapture::take_ring);
-        let gate = Gate::spawn(
+        let answerer = Answerer::spawn(
             group.share(),
             ring,
             Arc::clone(&counters),
@@ -363,7 +363,7 @@ impl RuntimeHook {
             counters,
             marked,
             execs,
-            gate,
+            answerer,
             learned_roots,
             unread: Vec::new(),
             late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -1104,7 +1104,7 @@ async fn follow_exec(u: Unseen) -> Notice {
         pidfd,
         bpf,
     } = u;
-    // Only host root makes rootful containers (see the gate). The real uid
+    // Only host root makes rootful containers (see the answerer). The real uid
     // does not change across the exec.
     if proc::real_uid(tid).is_some_and(|uid| uid != 0) {
         return Notice::Foreign { pid: tid };

@@ -28,9 +28,9 @@
 
 pub mod argv;
 pub mod btf;
+mod answer;
 mod capture;
 mod container;
-mod gate;
 mod hook;
 mod lifecycle;
 pub mod oci;

@@ -1,5 +1,5 @@
 //! Counters, statistics and health: what the hook tells metrics. A leaf
-//! module: the permission thread (`gate`) and the hook's task (`hook`)
+//! module: the answering thread (`answer`) and the hook's task (`hook`)
 //! both use it, and it uses neither.
 
 use std::sync::Arc;

@@ -1,9 +1,10 @@
-//! The permission gate: one dedicated thread that reads the fanotify group
-//! and answers runtime execs.
+//! The answering thread: one dedicated thread that reads the fanotify
+//! group and answers runtime execs ("gate" is the consumers' word, for
+//! the API's holds; this thread is the answerer).
 //!
 //! Most runtime execs (`state`, `kill`, `exec`, `delete`, `runc init`, the
 //! kubelet's probes through `runc exec`) need nothing from the container
-//! state machine: the gate pairs the event with its BPF argv record, parses
+//! state machine: the answerer pairs the event with its BPF argv record, parses
 //! it and allows it on the spot, with a blocking `poll` + `read` like the
 //! smallest possible responder. Only `create`, `run` and `start` go to the
 //! hook's task, which answers them after it has done what must precede the
@@ -31,7 +32,7 @@ use crate::argv::{self, Command, Invocation};
 use crate::capture::ArgvRing;
 use crate::stats::Counters;
 
-/// What the gate hands to the hook's task.
+/// What the answerer hands to the hook's task.
 pub(crate) enum Exec {
     /// `create`, `run` or `start`: the task answers `perm`.
     Command {
@@ -127,14 +128,14 @@ impl Marked {
     }
 }
 
-/// The running gate thread. Dropping it stops the thread, which answers
+/// The running answering thread. Dropping it stops the thread, which answers
 /// everything still queued before it exits.
-pub(crate) struct Gate {
+pub(crate) struct Answerer {
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Gate {
+impl Answerer {
     /// Starts the thread on `group` (a non-blocking handle).
     pub fn spawn(
         group: Fanotify,
@@ -142,13 +143,13 @@ impl Gate {
         counters: Arc<Counters>,
         marked: Arc<Marked>,
         tx: mpsc::Sender<Exec>,
-    ) -> std::io::Result<Gate> {
+    ) -> std::io::Result<Answerer> {
         let stop = Arc::new(EventFd::from_flags(
             EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
         )?);
         let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
-            .name("lookout-gate".into())
+            .name("lookout-answer".into())
             .spawn(move || {
                 let mut worker = Worker {
                     group,
@@ -159,7 +160,7 @@ impl Gate {
                 };
                 worker.run(&thread_stop);
             })?;
-        Ok(Gate {
+        Ok(Answerer {
             stop,
             thread: Some(thread),
         })
@@ -176,7 +177,7 @@ impl Gate {
     }
 }
 
-impl Drop for Gate {
+impl Drop for Answerer {
     fn drop(&mut self) {
         self.stop();
     }
