@@ -647,30 +647,13 @@ impl<'a> Session<'a> {
             }
             "StateChange" => {
                 let e: proto::StateChangeEvent = decode(p, "StateChangeEvent")?;
-                use proto::Event as E;
-                let pod_phase = |phase| Some(Err(phase));
-                let ctr_phase = |phase| Some(Ok(phase));
-                let phase = match E::try_from(e.event) {
-                    Ok(E::RunPodSandbox) => pod_phase(PodPhase::Run),
-                    Ok(E::StopPodSandbox) => pod_phase(PodPhase::Stop),
-                    Ok(E::RemovePodSandbox) => pod_phase(PodPhase::Remove),
-                    Ok(E::CreateContainer) => ctr_phase(ContainerPhase::Create),
-                    Ok(E::PostCreateContainer) => ctr_phase(ContainerPhase::PostCreate),
-                    Ok(E::StartContainer) => ctr_phase(ContainerPhase::Start),
-                    Ok(E::PostStartContainer) => ctr_phase(ContainerPhase::PostStart),
-                    Ok(E::UpdateContainer) => ctr_phase(ContainerPhase::Update),
-                    Ok(E::PostUpdateContainer) => ctr_phase(ContainerPhase::PostUpdate),
-                    Ok(E::StopContainer) => ctr_phase(ContainerPhase::Stop),
-                    Ok(E::RemoveContainer) => ctr_phase(ContainerPhase::Remove),
-                    Ok(E::Unknown | E::Last) | Err(_) => None,
-                };
                 let answer = proto::Empty::default().encode_to_vec();
-                match phase {
-                    Some(Ok(phase)) => {
+                match Phase::of(e.event) {
+                    Some(Phase::Container(phase)) => {
                         let at = (received, deadline);
                         return Ok(self.container(phase, e.pod, e.container, stream, at, answer));
                     }
-                    Some(Err(phase)) => {
+                    Some(Phase::Pod(phase)) => {
                         let pod = Pod::from(e.pod.unwrap_or_default());
                         let id = pod.id.clone();
                         let undo = self.known.pod(phase, &pod);
@@ -826,9 +809,54 @@ impl From<(u32, Vec<u8>)> for Outgoing {
     }
 }
 
+/// What a `StateChange` event is about: a pod or one of its containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Pod(PodPhase),
+    Container(ContainerPhase),
+}
+
+impl Phase {
+    /// The phase of NRI's event number `event`; `None` for an unknown one.
+    fn of(event: i32) -> Option<Phase> {
+        use proto::Event as E;
+        let (pod, ctr) = (Phase::Pod, Phase::Container);
+        Some(match E::try_from(event).ok()? {
+            E::RunPodSandbox => pod(PodPhase::Run),
+            E::StopPodSandbox => pod(PodPhase::Stop),
+            E::RemovePodSandbox => pod(PodPhase::Remove),
+            E::CreateContainer => ctr(ContainerPhase::Create),
+            E::PostCreateContainer => ctr(ContainerPhase::PostCreate),
+            E::StartContainer => ctr(ContainerPhase::Start),
+            E::PostStartContainer => ctr(ContainerPhase::PostStart),
+            E::UpdateContainer => ctr(ContainerPhase::Update),
+            E::PostUpdateContainer => ctr(ContainerPhase::PostUpdate),
+            E::StopContainer => ctr(ContainerPhase::Stop),
+            E::RemoveContainer => ctr(ContainerPhase::Remove),
+            E::Unknown | E::Last => return None,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_change_events_name_a_pod_or_a_container_phase() {
+        use proto::Event as E;
+        assert_eq!(
+            Phase::of(E::RunPodSandbox as i32),
+            Some(Phase::Pod(PodPhase::Run))
+        );
+        assert_eq!(
+            Phase::of(E::PostStartContainer as i32),
+            Some(Phase::Container(ContainerPhase::PostStart))
+        );
+        assert_eq!(Phase::of(E::Unknown as i32), None);
+        assert_eq!(Phase::of(E::Last as i32), None);
+        assert_eq!(Phase::of(9999), None);
+    }
 
     #[test]
     fn mask_has_the_nine_lifecycle_events() {
