@@ -30,6 +30,7 @@ mod grpc;
 mod handover;
 mod hooks;
 mod hub;
+mod k8s_events;
 mod merge;
 mod nri;
 mod run;

@@ -9,10 +9,10 @@ use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Report};
 use lookout_model::{Container, RuntimeKind, Sink, StartBarrier, StartDecision, Status};
 use tokio::sync::mpsc;
 
+use crate::answer::{Answerer, Exec, Held, Marked, Unseen};
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::container::fill;
-use crate::answer::{Answerer, Exec, Held, Marked, Unseen};
 use crate::lifecycle::{Effect, Input, Lifecycle, Pending};
 use crate::oci::OciConfig;
 use crate::run_watch::Observed;

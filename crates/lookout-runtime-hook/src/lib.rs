@@ -26,9 +26,9 @@
 //! panic), and closing the group lets the kernel allow anything pending.
 #![deny(missing_docs)]
 
+mod answer;
 pub mod argv;
 pub mod btf;
-mod answer;
 mod capture;
 mod container;
 mod hook;

@@ -13,8 +13,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::sync::mpsc;
 
-use lookout_host::proc;
 use crate::state::{read_state, state_file};
+use lookout_host::proc;
 
 /// What the watcher saw, read at once so that it survives the container.
 #[derive(Debug, Clone)]

@@ -17,8 +17,8 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
-use lookout_probe::ProbeOptions;
 use lookout_model::StartBarrier;
+use lookout_probe::ProbeOptions;
 use lookout_runtime_hook::{RuntimeHook, Scanner};
 
 use args::ModeArg;
@@ -28,8 +28,9 @@ use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
 use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, start_nri, stop_informer};
 use output::StdoutSink;
 
-use crate::hooks::{EventLimit, Events, HookSettings, HookSink};
+use crate::hooks::{HookSettings, HookSink};
 use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
+use crate::k8s_events::{EventLimit, Events};
 use crate::merge;
 
 /// Installs the SIGTERM and SIGINT handlers now, and returns what

@@ -1,0 +1,687 @@
+//! The consumer hub: the node's containers with revisions, a retained
+//! window of changes, watchers that follow them, and gates that hold a
+//! container's start until their subscribers decide.
+//!
+//! The hub sits after the merger: every event passes through
+//! [`HubSink::emit`] on the task that reported it (the runtime hook's, for
+//! a runtime exec that waits on us), so nothing in `emit` may block: a
+//! watcher's or a gate subscriber's queue that is full is that consumer's
+//! problem (it is dropped, or its hold resolved by its policy), never the
+//! runtime's.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use lookout_model::StartDecision;
+use lookout_model::{Container, ContainerEvent, EventKind, Sink, Source, Status};
+
+use crate::handover::Book;
+
+mod gate;
+mod metrics;
+mod watch;
+
+pub(crate) use gate::Counted;
+pub use gate::{
+    Barriers, FailurePolicy, GateBarrier, GateSubscriber, HoldRequest, Responder, Subscription,
+    Verdict,
+};
+use gate::{OpenHold, Parked, Subscriber};
+pub use metrics::HubMetrics;
+use watch::Watcher;
+pub use watch::{Watch, WatchEnd, WatchItem};
+
+/// Which containers a consumer wants: every field that is set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Any of these runtimes (`runc`, `crun`, ...).
+    pub runtimes: Vec<String>,
+    /// Any of these Kubernetes namespaces.
+    pub namespaces: Vec<String>,
+    /// All of these pod labels.
+    pub pod_labels: Vec<(String, String)>,
+    /// All of these OCI annotations.
+    pub annotations: Vec<(String, String)>,
+}
+
+impl Filter {
+    /// Whether `c` matches.
+    pub fn matches(&self, c: &Container) -> bool {
+        let k8s = c.kubernetes.as_ref();
+        (self.runtimes.is_empty() || self.runtimes.iter().any(|r| r == c.runtime.as_str()))
+            && (self.namespaces.is_empty()
+                || k8s
+                    .and_then(|k| k.namespace.as_ref())
+                    .is_some_and(|ns| self.namespaces.contains(ns)))
+            && self.pod_labels.iter().all(|(k, v)| {
+                k8s.and_then(|x| x.labels.get(k))
+                    .is_some_and(|have| have == v)
+            })
+            && self
+                .annotations
+                .iter()
+                .all(|(k, v)| c.annotations.get(k).is_some_and(|have| have == v))
+    }
+}
+
+/// A live container as the hub knows it.
+#[derive(Debug, Clone)]
+pub struct Live {
+    /// The container (as last reported).
+    pub container: Arc<Container>,
+    /// Who reported it.
+    pub source: Source,
+    /// `CLOCK_MONOTONIC` nanoseconds when it was reported.
+    pub added_monotonic_ns: u64,
+    /// Unix milliseconds when it was reported.
+    pub added_unix_ms: i64,
+}
+
+/// One change, with its revision.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Strictly increasing, across agent restarts too (see [`Hub::new`]).
+    pub revision: u64,
+    /// Added or removed.
+    pub kind: EventKind,
+    /// The container, with when it was added.
+    pub live: Live,
+    /// Removed: the exit code, when known.
+    pub exit_code: Option<i32>,
+    /// Removed: why, when known (a denied start).
+    pub reason: Option<String>,
+    /// `CLOCK_MONOTONIC` nanoseconds of the change.
+    pub monotonic_ns: u64,
+}
+
+/// Hub limits and policies.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// Changes retained for resuming watchers.
+    pub window: usize,
+    /// Changes buffered per watcher before it is dropped as too slow.
+    pub watch_buffer: usize,
+    /// Watchers at most.
+    pub max_watchers: usize,
+    /// Gate subscribers at most.
+    pub max_subscribers: usize,
+    /// The longest deadline a subscriber may ask for.
+    pub max_deadline: Duration,
+    /// Namespaces where fail-closed does not apply.
+    pub exempt_namespaces: Vec<String>,
+    /// Whether the discovery mode holds a created container's `start`
+    /// (fanotify with BPF argv capture does; fanotify-only mode allows
+    /// execs before it reads their argv, and the informer and scan see
+    /// containers after the fact).
+    pub can_hold: bool,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            window: 4096,
+            watch_buffer: 1024,
+            max_watchers: 1024,
+            max_subscribers: 64,
+            max_deadline: Duration::from_secs(10),
+            exempt_namespaces: vec!["kube-system".into()],
+            can_hold: true,
+        }
+    }
+}
+
+/// Why a consumer was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refused {
+    /// Too many of them.
+    #[error("too many {what} ({max}); try later")]
+    Full {
+        /// Watchers or subscribers.
+        what: &'static str,
+        /// The limit.
+        max: usize,
+    },
+    /// The agent is shutting down.
+    #[error("the agent is shutting down; its successor serves the socket soon (retry)")]
+    Closing,
+}
+
+struct State {
+    revision: u64,
+    live: HashMap<String, Live>,
+    log: VecDeque<Arc<Change>>,
+    watchers: Vec<Watcher>,
+    /// Why a container's start was denied, until its removal is reported.
+    denied: HashMap<String, String>,
+    /// Holds opened when a container was created, until its `start`.
+    open: HashMap<String, Vec<OpenHold>>,
+    /// A start's decision, until the container's removal: a second wait
+    /// for the same start (NRI, then the hook) gets it without new holds.
+    decided: HashMap<String, StartDecision>,
+    /// `Some` while another agent serves the consumer socket (this one is
+    /// its successor, waiting): this agent's own reports are kept aside,
+    /// and the table and log follow the serving agent's (see
+    /// [`Hub::mirror_change`]).
+    standby: Option<Standby>,
+    /// Revisions strictly between these two were never issued here: a
+    /// predecessor that died may have issued them to its consumers before
+    /// this agent saw them. Resuming from one gets a snapshot.
+    gap: Option<(u64, u64)>,
+    /// Shutting down: no new watchers.
+    closed: bool,
+    /// Containers the predecessor reported removed before this agent took
+    /// over, and when it took over: this agent's own late reports of them
+    /// (for [`GONE_BEFORE_FOR`]) are dropped.
+    gone_before: std::collections::HashSet<String>,
+    took_over_at: Option<Instant>,
+    /// `CLOCK_MONOTONIC` of the takeover (events carry the same clock).
+    took_over_ns: u64,
+}
+
+/// A standby hub's own reports, for [`Hub::take_over`].
+#[derive(Default)]
+struct Standby {
+    /// Containers reported and not removed since, by id.
+    added: HashMap<String, ContainerEvent>,
+    /// Containers reported removed, by id.
+    removed: HashMap<String, ContainerEvent>,
+    /// A snapshot of the serving agent arrived: revisions are its.
+    mirrored: bool,
+    /// Containers the serving agent reported removed meanwhile.
+    mirror_removed: std::collections::HashSet<String>,
+}
+
+/// Containers remembered as reported gone by the serving agent while
+/// standing by (a bound against a long standby on a busy node).
+const MAX_REMEMBERED_GONE: usize = 65536;
+
+/// How long after a takeover this agent's own late reports of containers
+/// its predecessor reported gone are dropped.
+const GONE_BEFORE_FOR: Duration = Duration::from_secs(30);
+
+/// How far revisions jump when a predecessor ended without a clean
+/// handover ([`Hub::take_over`]): more changes than it could have issued
+/// that this agent did not see.
+pub(crate) const REVISION_GAP: u64 = 1 << 20;
+
+/// What [`Hub::take_over`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TakeOver {
+    /// The last revision of the predecessor's log here (0: none).
+    pub mirrored: u64,
+    /// Containers this agent saw that the predecessor had not reported.
+    pub added: usize,
+    /// Containers it reported that this agent saw go.
+    pub removed: usize,
+    /// The first revision this agent issues.
+    pub next: u64,
+}
+
+/// The hub. See the module docs.
+pub struct Hub {
+    state: Mutex<State>,
+    gates: Mutex<Vec<Subscriber>>,
+    config: HubConfig,
+    /// [`HubConfig::can_hold`], known once the discovery mode is.
+    can_hold: AtomicBool,
+    next_id: AtomicU64,
+    metrics: HubMetrics,
+    /// [`Watch`]es not yet dropped.
+    open_watches: Arc<AtomicU64>,
+    /// Starts held for gates ([`Hub::starts_waiting`]).
+    waiting: Arc<AtomicU64>,
+    /// Where the gate subscriptions are recorded for a successor, and
+    /// read from a predecessor ([`Hub::keep_book`]).
+    book: OnceLock<Book>,
+    /// Orders the gates file's writes: (generations taken, written).
+    book_generation: AtomicU64,
+    book_written: Mutex<u64>,
+    /// A predecessor's gate subscriptions, registered at the takeover and
+    /// waiting for their subscribers to come back, by name: each one's id,
+    /// the receiving end of its queue, and its subscriber's uid.
+    parked: Mutex<HashMap<String, Vec<Parked>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // N.B. a poisoned lock only means a consumer's task panicked while
+    // holding it; every update leaves the tables consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Hub {
+    /// A hub. Revisions start at the current time in microseconds, so
+    /// that they keep increasing across agent restarts: a consumer that
+    /// resumes with a revision of an earlier process gets a snapshot.
+    pub fn new(config: HubConfig, metrics: HubMetrics) -> Arc<Hub> {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        Arc::new(Hub {
+            state: Mutex::new(State {
+                revision: start,
+                live: HashMap::new(),
+                log: VecDeque::new(),
+                watchers: Vec::new(),
+                denied: HashMap::new(),
+                decided: HashMap::new(),
+                open: HashMap::new(),
+                standby: None,
+                gap: None,
+                closed: false,
+                gone_before: std::collections::HashSet::new(),
+                took_over_at: None,
+                took_over_ns: 0,
+            }),
+            gates: Mutex::new(Vec::new()),
+            can_hold: AtomicBool::new(config.can_hold),
+            config,
+            next_id: AtomicU64::new(1),
+            metrics,
+            open_watches: Arc::new(AtomicU64::new(0)),
+            waiting: Arc::new(AtomicU64::new(0)),
+            book: OnceLock::new(),
+            book_generation: AtomicU64::new(0),
+            book_written: Mutex::new(0),
+            parked: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The containers now (matching `filter`), and the revision they are
+    /// current at.
+    pub fn list(&self, filter: &Filter) -> (u64, Vec<Live>) {
+        let s = lock(&self.state);
+        let mut v: Vec<Live> = s
+            .live
+            .values()
+            .filter(|l| filter.matches(&l.container))
+            .cloned()
+            .collect();
+        v.sort_by_key(|l| l.added_monotonic_ns);
+        (s.revision, v)
+    }
+
+    /// Records an event: a revision, the live table, the window, every
+    /// watcher (without waiting: a full watcher is dropped), and not-held
+    /// notices for gate subscribers.
+    /// Returns whether the event became a change here (an `updated` of a
+    /// container that is not live does not).
+    fn publish(&self, event: &mut ContainerEvent) -> bool {
+        let mut s = lock(&self.state);
+        let id = event.container.id.clone();
+        // A container the predecessor reported gone before the takeover:
+        // this agent's own late report of it would add it again, or remove
+        // it twice.
+        if s.standby.is_none() && !s.gone_before.is_empty() {
+            if s.took_over_at
+                .is_some_and(|t| t.elapsed() > GONE_BEFORE_FOR)
+            {
+                s.gone_before.clear();
+            } else if s.gone_before.contains(&id) {
+                // A container created again under the same id since is
+                // another one: its Added is observed after the takeover,
+                // and its Removed finds it live.
+                let late = match event.event {
+                    EventKind::Added => event.monotonic_ns < s.took_over_ns,
+                    EventKind::Removed | EventKind::Updated => !s.live.contains_key(&id),
+                };
+                if late {
+                    if event.event == EventKind::Removed {
+                        s.gone_before.remove(&id);
+                    }
+                    return false;
+                }
+            }
+        }
+        if let Some(sb) = s.standby.as_mut() {
+            // Another agent serves the socket and reports this container
+            // too: kept for the takeover (its holds are that agent's).
+            match event.event {
+                EventKind::Added => {
+                    sb.removed.remove(&id);
+                    sb.added.insert(id, event.clone());
+                }
+                EventKind::Removed => {
+                    sb.added.remove(&id);
+                    sb.removed.insert(id, event.clone());
+                }
+                // The serving agent learns the same and publishes it.
+                EventKind::Updated => {
+                    if let Some(added) = sb.added.get_mut(&id) {
+                        added.container.fill_identity_from(&event.container);
+                    }
+                }
+            }
+            return false;
+        }
+        let live = match event.event {
+            EventKind::Added => {
+                let live = Live {
+                    container: Arc::new(event.container.clone()),
+                    source: event.source,
+                    added_monotonic_ns: event.monotonic_ns,
+                    added_unix_ms: unix_ms(),
+                };
+                s.live.insert(id.clone(), live.clone());
+                live
+            }
+            EventKind::Removed => {
+                if event.reason.is_none() {
+                    event.reason = s.denied.remove(&id);
+                } else {
+                    s.denied.remove(&id);
+                }
+                // Holds still open (the container went before its start)
+                // are dropped: their subscribers' answers go nowhere.
+                s.open.remove(&id);
+                s.decided.remove(&id);
+                let added = s.live.remove(&id);
+                // What was learnt after `added` (Docker's name, image and
+                // labels) stays in the last report of it.
+                if let Some(known) = &added {
+                    event.container.fill_identity_from(&known.container);
+                }
+                Live {
+                    container: Arc::new(event.container.clone()),
+                    source: event.source,
+                    added_monotonic_ns: added.as_ref().map_or(0, |l| l.added_monotonic_ns),
+                    added_unix_ms: added.as_ref().map_or(0, |l| l.added_unix_ms),
+                }
+            }
+            EventKind::Updated => {
+                // Gone already, or never reported here: nothing to update.
+                let Some(known) = s.live.get(&id) else {
+                    return false;
+                };
+                // Only what the live container lacks is taken (name, image,
+                // labels, a Kubernetes identity): its pid, status and the
+                // rest stay, so an update that comes late (after a restart
+                // under the same id) cannot bring back an older process.
+                let mut merged = (*known.container).clone();
+                merged.fill_identity_from(&event.container);
+                if merged == *known.container {
+                    return false;
+                }
+                event.container = merged;
+                let live = Live {
+                    container: Arc::new(event.container.clone()),
+                    ..known.clone()
+                };
+                s.live.insert(id.clone(), live.clone());
+                live
+            }
+        };
+        s.revision += 1;
+        let change = Arc::new(Change {
+            revision: s.revision,
+            kind: event.event,
+            live,
+            exit_code: event.exit_code,
+            reason: event.reason.clone(),
+            monotonic_ns: event.monotonic_ns,
+        });
+        self.fan_out(&mut s, &change);
+        drop(s);
+        // A created container whose start the runtime hook or NRI holds;
+        // never a pod's sandbox (pause): nothing of the pod runs in it.
+        let holdable = self.can_hold.load(Ordering::Relaxed)
+            && matches!(event.source, Source::RuntimeHook | Source::Nri)
+            && event.container.status == Status::Created
+            && !event.container.pod_sandbox;
+        if event.event == EventKind::Added && holdable {
+            // Ask now, while the runtime is between `create` and `start`:
+            // a subscriber that answers before `start` costs the start
+            // nothing. `start` waits for whatever is still unanswered.
+            let mut holds = Vec::new();
+            self.open_holds(&change.live, &[], &mut holds);
+            if !holds.is_empty() {
+                let mut s = lock(&self.state);
+                if s.live.contains_key(&id) {
+                    s.open.insert(id, holds);
+                }
+            }
+        } else if event.event == EventKind::Added {
+            // Containers whose start cannot be held: their subscribers
+            // still hear of them.
+            let g = lock(&self.gates);
+            for sub in g
+                .iter()
+                .filter(|s| s.sub.filter.matches(&change.live.container))
+            {
+                let _ = sub.tx.try_send(HoldRequest {
+                    hold_id: 0,
+                    live: change.live.clone(),
+                    respond: None,
+                    monotonic_ns: event.monotonic_ns,
+                });
+                self.metrics.hold(&sub.sub.name, "not-held");
+            }
+        }
+        true
+    }
+
+    /// Stands by: another agent serves the consumer socket. This hub's own
+    /// reports are kept aside until [`Hub::take_over`]; meanwhile the
+    /// serving agent's changes arrive through [`Hub::mirror_snapshot`] and
+    /// [`Hub::mirror_change`].
+    pub(crate) fn stand_by(&self) {
+        lock(&self.state).standby = Some(Standby::default());
+    }
+
+    /// Whether the hub stands by.
+    pub(crate) fn standing_by(&self) -> bool {
+        lock(&self.state).standby.is_some()
+    }
+
+    /// The serving agent's last revision mirrored here (0: none yet, or
+    /// not standing by).
+    pub(crate) fn revision_mirrored(&self) -> u64 {
+        let s = lock(&self.state);
+        match &s.standby {
+            Some(sb) if sb.mirrored => s.revision,
+            _ => 0,
+        }
+    }
+
+    /// The serving agent's table at `revision`: replaces this one's, with
+    /// its revision (its log is not known before it).
+    pub(crate) fn mirror_snapshot(&self, revision: u64, containers: Vec<Live>) {
+        let mut s = lock(&self.state);
+        let Some(sb) = s.standby.as_mut() else {
+            return;
+        };
+        sb.mirrored = true;
+        s.live = containers
+            .into_iter()
+            .map(|l| (l.container.id.clone(), l))
+            .collect();
+        s.revision = revision;
+        s.log.clear();
+    }
+
+    /// One change of the serving agent, with its revision. Changes at or
+    /// below the last one (a resumed stream) are skipped.
+    pub(crate) fn mirror_change(&self, change: Change) {
+        let mut s = lock(&self.state);
+        if !s.standby.as_ref().is_some_and(|sb| sb.mirrored) || change.revision <= s.revision {
+            return;
+        }
+        let id = change.live.container.id.clone();
+        match change.kind {
+            EventKind::Added => {
+                s.live.insert(id, change.live.clone());
+            }
+            EventKind::Updated => {
+                if !s.live.contains_key(&id) {
+                    return;
+                }
+                s.live.insert(id, change.live.clone());
+            }
+            EventKind::Removed => {
+                s.live.remove(&id);
+                // Reported gone by the serving agent: nothing of this
+                // agent's own reports is left to reconcile.
+                if let Some(sb) = s.standby.as_mut() {
+                    sb.added.remove(&id);
+                    sb.removed.remove(&id);
+                    if sb.mirror_removed.len() < MAX_REMEMBERED_GONE {
+                        sb.mirror_removed.insert(id);
+                    }
+                }
+            }
+        }
+        s.revision = change.revision;
+        let change = Arc::new(change);
+        self.fan_out(&mut s, &change);
+    }
+
+    /// Ends standby: this agent now serves the socket. Revisions continue
+    /// from the predecessor's last one; with `clean` false (it died, or
+    /// its last changes may not have arrived) they jump by
+    /// [`REVISION_GAP`] and a consumer resuming inside the gap gets a
+    /// snapshot. Then the containers this agent saw that the predecessor's
+    /// table lacks are added, and those it saw go are removed, as changes
+    /// of their own.
+    pub(crate) fn take_over(self: &Arc<Self>, clean: bool) -> TakeOver {
+        // The predecessor's gates first: from the instant this hub stops
+        // standing by, a start is held for them.
+        if let Some(book) = self.book.get() {
+            self.park(book.read_gates());
+        }
+        let (sb, mirrored) = {
+            let mut s = lock(&self.state);
+            let Some(sb) = s.standby.take() else {
+                return TakeOver {
+                    mirrored: 0,
+                    added: 0,
+                    removed: 0,
+                    next: s.revision + 1,
+                };
+            };
+            let mirrored = if sb.mirrored { s.revision } else { 0 };
+            if sb.mirrored && !clean {
+                let hi = s.revision.saturating_add(REVISION_GAP);
+                s.gap = Some((s.revision, hi));
+                s.revision = hi - 1;
+            }
+            // Containers the predecessor reported gone: this agent's own
+            // reports of them that come late change nothing.
+            s.gone_before = sb.mirror_removed.clone();
+            s.took_over_at = Some(Instant::now());
+            s.took_over_ns = lookout_model::monotonic_ns();
+            (sb, mirrored)
+        };
+        let next = lock(&self.state).revision + 1;
+        let mut removed: Vec<ContainerEvent> = sb.removed.into_values().collect();
+        removed.sort_by_key(|e| e.monotonic_ns);
+        let mut n_removed = 0;
+        for mut e in removed {
+            if lock(&self.state).live.contains_key(&e.container.id) {
+                self.publish(&mut e);
+                n_removed += 1;
+            }
+        }
+        let mut added: Vec<ContainerEvent> = sb.added.into_values().collect();
+        added.sort_by_key(|e| e.monotonic_ns);
+        let mut n_added = 0;
+        for mut e in added {
+            let id = &e.container.id;
+            let known = {
+                let s = lock(&self.state);
+                s.live.contains_key(id) || sb.mirror_removed.contains(id)
+            };
+            if !known {
+                self.publish(&mut e);
+                n_added += 1;
+            } else if lock(&self.state).live.contains_key(id) {
+                // What this agent learnt of a container the predecessor
+                // reported without it (Docker's identity, from a lookup the
+                // predecessor never finished) follows as an update.
+                let mut u = ContainerEvent::updated(Source::Docker, e.container.clone());
+                self.publish(&mut u);
+            }
+        }
+        self.write_book();
+        TakeOver {
+            mirrored,
+            added: n_added,
+            removed: n_removed,
+            next,
+        }
+    }
+
+    /// Shutting down: every watcher gets the changes it has, then the end
+    /// of its stream; new watchers and lists are refused.
+    pub(crate) fn close(&self) {
+        let mut s = lock(&self.state);
+        s.closed = true;
+        s.watchers.clear();
+    }
+
+    /// The ids of the containers known here, this agent's own reports
+    /// included while standing by.
+    pub(crate) fn known_ids(&self) -> Vec<String> {
+        let s = lock(&self.state);
+        let mut v: Vec<String> = s.live.keys().cloned().collect();
+        if let Some(sb) = &s.standby {
+            v.extend(sb.added.keys().cloned());
+        }
+        v
+    }
+
+    /// Whether [`Hub::close`] ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+
+    /// Watches not yet ended (their consumers' streams are still being
+    /// written).
+    pub(crate) fn watches_open(&self) -> u64 {
+        self.open_watches.load(Ordering::Acquire)
+    }
+
+    /// The current revision.
+    #[cfg(test)]
+    pub(crate) fn revision(&self) -> u64 {
+        lock(&self.state).revision
+    }
+}
+
+/// A [`Sink`] that records every event in the hub, then hands it on.
+pub struct HubSink<S> {
+    hub: Arc<Hub>,
+    out: S,
+}
+
+impl<S> HubSink<S> {
+    /// Wraps `out`.
+    pub fn new(hub: Arc<Hub>, out: S) -> HubSink<S> {
+        HubSink { hub, out }
+    }
+
+    /// The wrapped sink.
+    pub fn inner(&self) -> &S {
+        &self.out
+    }
+}
+
+impl<S: Sink> Sink for HubSink<S> {
+    fn emit(&mut self, mut event: ContainerEvent) {
+        let published = self.hub.publish(&mut event);
+        // An update of a container that is gone goes nowhere.
+        if published || event.event != EventKind::Updated {
+            self.out.emit(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

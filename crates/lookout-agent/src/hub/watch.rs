@@ -1,0 +1,190 @@
+//! Watch: a consumer's view of the table, a snapshot and then every change
+//! after it, through a bounded queue. A watcher that falls behind is
+//! dropped (it resumes from its revision), never waited for.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::mpsc;
+
+use super::{Change, Filter, Hub, HubMetrics, Live, Refused, State, lock};
+
+impl Hub {
+    /// Every change after `since` (matching `filter`); a snapshot first
+    /// when `since` is 0, in the future, or older than the window.
+    pub fn watch(&self, since: u64, filter: Filter) -> Result<Watch, Refused> {
+        self.watch_as(since, filter, false)
+    }
+
+    /// [`Hub::watch`] for a `privileged` (root) peer, which the watcher
+    /// limit does not apply to: an agent standing by mirrors through one,
+    /// and unprivileged consumers that fill the limit must not keep it out.
+    pub(crate) fn watch_as(
+        &self,
+        since: u64,
+        filter: Filter,
+        privileged: bool,
+    ) -> Result<Watch, Refused> {
+        let mut s = lock(&self.state);
+        if s.closed {
+            return Err(Refused::Closing);
+        }
+        s.watchers.retain(|w| !w.tx.is_closed());
+        if s.watchers.len() >= self.config.max_watchers && !privileged {
+            return Err(Refused::Full {
+                what: "watchers",
+                max: self.config.max_watchers,
+            });
+        }
+        // Every change after `since` is still in the log (none missed):
+        // the log reaches back to `since + 1`, or `since` is now.
+        let retained = match s.log.front() {
+            // The log starts right after the gap, and `since` right before.
+            Some(first)
+                if s.gap
+                    .is_some_and(|(lo, hi)| since == lo && first.revision == hi) =>
+            {
+                true
+            }
+            Some(first) => since.saturating_add(1) >= first.revision,
+            None => since == s.revision,
+        };
+        // A revision in a gap was issued by a predecessor that died before
+        // this agent saw it: what came after it is unknown here.
+        let in_gap = s.gap.is_some_and(|(lo, hi)| since > lo && since < hi);
+        let mut backlog = VecDeque::new();
+        if since == 0 || since > s.revision || !retained || in_gap {
+            let mut containers: Vec<Live> = s
+                .live
+                .values()
+                .filter(|l| filter.matches(&l.container))
+                .cloned()
+                .collect();
+            containers.sort_by_key(|l| l.added_monotonic_ns);
+            backlog.push_back(WatchItem::Snapshot {
+                revision: s.revision,
+                containers,
+            });
+        } else {
+            backlog.extend(
+                s.log
+                    .iter()
+                    .filter(|c| c.revision > since && filter.matches(&c.live.container))
+                    .map(|c| WatchItem::Change(Arc::clone(c))),
+            );
+        }
+        let (tx, rx) = mpsc::channel(self.config.watch_buffer);
+        let lagged = Arc::new(AtomicBool::new(false));
+        s.watchers.push(Watcher {
+            filter,
+            tx,
+            lagged: Arc::clone(&lagged),
+        });
+        self.metrics.watchers.inc();
+        self.open_watches.fetch_add(1, Ordering::Release);
+        Ok(Watch {
+            backlog,
+            rx,
+            lagged,
+            buffer: self.config.watch_buffer,
+            metrics: self.metrics.clone(),
+            open: Arc::clone(&self.open_watches),
+        })
+    }
+
+    /// Appends `change` to the log and hands it to every matching watcher
+    /// (without waiting: a full watcher is dropped).
+    pub(super) fn fan_out(&self, s: &mut State, change: &Arc<Change>) {
+        s.log.push_back(Arc::clone(change));
+        while s.log.len() > self.config.window {
+            s.log.pop_front();
+        }
+        let metrics = &self.metrics;
+        s.watchers.retain(|w| {
+            if !w.filter.matches(&change.live.container) {
+                return !w.tx.is_closed();
+            }
+            match w.tx.try_send(Arc::clone(change)) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    w.lagged.store(true, Ordering::Release);
+                    metrics.watchers_dropped.inc();
+                    tracing::warn!(
+                        buffer = self.config.watch_buffer,
+                        "a watcher did not keep up; disconnected"
+                    );
+                    false
+                }
+            }
+        });
+    }
+}
+
+/// What a watcher receives.
+#[derive(Debug, Clone)]
+pub enum WatchItem {
+    /// Everything live at `revision` (matching the filter): replace what
+    /// you knew.
+    Snapshot {
+        /// The snapshot's revision.
+        revision: u64,
+        /// The containers.
+        containers: Vec<Live>,
+    },
+    /// One change after the last item.
+    Change(Arc<Change>),
+}
+
+/// Why a watch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WatchEnd {
+    /// The watcher did not keep up: its buffer filled. Watch again from
+    /// the last revision seen.
+    #[error(
+        "the watcher did not keep up (its buffer of {0} changes filled); watch again from the last revision seen"
+    )]
+    Lagged(usize),
+    /// The agent is shutting down.
+    #[error("the agent is shutting down")]
+    Closed,
+}
+
+/// A watch: a backlog (snapshot or retained changes), then live changes.
+pub struct Watch {
+    backlog: VecDeque<WatchItem>,
+    rx: mpsc::Receiver<Arc<Change>>,
+    lagged: Arc<AtomicBool>,
+    buffer: usize,
+    metrics: HubMetrics,
+    /// [`Hub::watches_open`].
+    open: Arc<AtomicU64>,
+}
+
+impl Watch {
+    /// The next item; `Err` when the watch ended.
+    pub async fn next(&mut self) -> Result<WatchItem, WatchEnd> {
+        if let Some(i) = self.backlog.pop_front() {
+            return Ok(i);
+        }
+        match self.rx.recv().await {
+            Some(c) => Ok(WatchItem::Change(c)),
+            None if self.lagged.load(Ordering::Acquire) => Err(WatchEnd::Lagged(self.buffer)),
+            None => Err(WatchEnd::Closed),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.metrics.watchers.dec();
+        self.open.fetch_sub(1, Ordering::Release);
+    }
+}
+
+pub(super) struct Watcher {
+    pub(super) filter: Filter,
+    pub(super) tx: mpsc::Sender<Arc<Change>>,
+    pub(super) lagged: Arc<AtomicBool>,
+}
