@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, Kubernetes, RuntimeKind, Sink, Source, Status};
-use lookout_nri::{ContainerPhase, Delivery, Event, Events, PodPhase};
 use lookout_model::{StartBarrier, StartDecision};
+use lookout_nri::{ContainerPhase, Delivery, Event, Events, PodPhase};
 
 /// Time kept back from the plugin's deadline for answering.
 const ANSWER_MARGIN: Duration = Duration::from_millis(50);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use lookout_probe::{Mode, ProbeReport};
 use lookout_model::StartBarrier;
+use lookout_probe::{Mode, ProbeReport};
 use lookout_runtime_hook::RuntimeHook;
 
 use super::args::RunArgs;

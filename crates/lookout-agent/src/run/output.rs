@@ -6,8 +6,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use lookout_model::{ContainerEvent, EventKind};
 use lookout_model::Sink;
+use lookout_model::{ContainerEvent, EventKind};
 
 use super::args::Output;
 
