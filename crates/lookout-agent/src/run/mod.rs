@@ -25,7 +25,7 @@ use args::ModeArg;
 pub(crate) use args::parse_duration;
 pub use args::{Output, RunArgs, absolute_path};
 use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
-use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, choose, start_nri, stop_informer};
+use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, Primary, choose, start_nri, stop_informer};
 use output::StdoutSink;
 
 use crate::hooks::{HookSettings, HookSink};
@@ -235,10 +235,10 @@ async fn run_async(
     } else {
         None
     };
-    let (stdout, barrier) =
-        HookSink::new(stdout, hook_settings, events, side.clone(), claims.clone());
-    let hooks_in_flight = stdout.in_flight();
     let hub = Hub::new(hub_config(&args), metrics.hub());
+    let (stack, hooks_barrier) =
+        sink_stack(stdout, &hub, hook_settings, events, &side, claims.clone());
+    let hooks_in_flight = stack.inner().in_flight();
     if coordinated {
         hub.keep_book(crate::handover::Book::new(&args.socket));
     }
@@ -270,25 +270,16 @@ async fn run_async(
             &hub,
         )))];
     if hooks_wanted {
-        barriers.push(std::sync::Arc::new(barrier));
+        barriers.push(std::sync::Arc::new(hooks_barrier));
     }
     let barrier: std::sync::Arc<dyn StartBarrier> = std::sync::Arc::new(Barriers(barriers));
     // A start waits for prestart hooks and gates, then its state read.
     let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
-    let stdout = HubSink::new(std::sync::Arc::clone(&hub), stdout);
 
     let nri = start_nri(&args).await?;
     let nri_barrier = std::sync::Arc::clone(&barrier);
     let mut backends = if args.mode == ModeArg::Nri {
-        Backends {
-            chosen: lookout_probe::Mode::Scan,
-            refused: Vec::new(),
-            hook: None,
-            informer: None,
-            fallback: None,
-            nri: None,
-            nri_only: true,
-        }
+        Backends::nri_only()
     } else {
         Ladder {
             args: &args,
@@ -306,8 +297,8 @@ async fn run_async(
     };
     backends.nri = nri;
     let label = backends.label();
-    if let Some(h) = &backends.hook {
-        stdout.inner().close_in_hooks(h.group_fd());
+    if let Some(h) = backends.hook() {
+        stack.inner().close_in_hooks(h.group_fd());
         // A start may wait for prestart hooks and gates, then its state
         // read: past that (and a margin), the hook is stuck.
         let bound = start_cap + args.answer_deadline + HEALTH_MARGIN;
@@ -317,9 +308,7 @@ async fn run_async(
     metrics.set_mode(&label);
     // Only a hook with BPF argv capture, or NRI, holds a created
     // container's start.
-    hub.set_can_hold(
-        backends.hook.as_ref().is_some_and(RuntimeHook::has_bpf) || backends.nri.is_some(),
-    );
+    hub.set_can_hold(backends.hook().is_some_and(RuntimeHook::has_bpf) || backends.nri.is_some());
     let mut body = format!("mode {label}\n");
     for r in &backends.refused {
         body.push_str(&format!("refused {r}\n"));
@@ -349,7 +338,7 @@ async fn run_async(
         metrics: &metrics,
         nri_barrier,
     };
-    discovery.run(backends, stdout, ready, stopped).await;
+    discovery.run(backends, stack, ready, stopped).await;
     // Hooks this agent claimed finish before it exits (one cut short
     // would run again, by the other agent), and so do the starts it
     // holds: one a successor let go while standing by is this agent's to
@@ -380,8 +369,27 @@ struct Discovery<'a> {
     nri_barrier: std::sync::Arc<dyn StartBarrier>,
 }
 
-/// The sink every backend writes to.
-type Out = merge::MergeSink<HubSink<HookSink<StdoutSink>>>;
+/// The sinks under the merger, outermost first: the consumer hub
+/// (watchers and gates), the hooks and Kubernetes Events, stdout.
+type Stack = HubSink<HookSink<StdoutSink>>;
+
+/// The sink every backend writes to: the merger (one stream from several
+/// backends, with Docker's and the Pod informer's identity) on [`Stack`].
+type Out = merge::MergeSink<Stack>;
+
+/// Builds [`Stack`] on `stdout`, and the hooks' start barrier (a start
+/// waits for its prestart hooks).
+fn sink_stack(
+    stdout: StdoutSink,
+    hub: &std::sync::Arc<Hub>,
+    hooks: HookSettings,
+    events: Option<Events>,
+    side: &tokio::runtime::Handle,
+    claims: Option<crate::handover::Claims>,
+) -> (Stack, crate::hooks::Barrier) {
+    let (hooks, barrier) = HookSink::new(stdout, hooks, events, side.clone(), claims);
+    (HubSink::new(std::sync::Arc::clone(hub), hooks), barrier)
+}
 
 /// How long the start-up waits for NRI's Synchronize before the hook's
 /// scan of the state directories (which would report CRI containers with
@@ -389,12 +397,12 @@ type Out = merge::MergeSink<HubSink<HookSink<StdoutSink>>>;
 const NRI_SYNC_WAIT: Duration = Duration::from_secs(5);
 
 impl Discovery<'_> {
-    /// Runs discovery with `backends`, writing to `stdout` (through the
-    /// hub and the hooks), until `stopped`; `ready` once it runs.
+    /// Runs discovery with `backends`, writing through the merger to
+    /// `stack`, until `stopped`; `ready` once it runs.
     async fn run(
         self,
         backends: Backends,
-        stdout: HubSink<HookSink<StdoutSink>>,
+        stack: Stack,
         ready: impl FnOnce(),
         stopped: impl std::future::Future<Output = ()>,
     ) {
@@ -406,15 +414,13 @@ impl Discovery<'_> {
         } = self;
         let label = backends.label();
         let Backends {
-            hook,
-            informer,
+            primary,
             fallback,
             nri,
-            nri_only,
             ..
         } = backends;
 
-        let mut sink = Out::new(stdout, std::sync::Arc::clone(metrics), fallback.is_some());
+        let mut sink = Out::new(stack, std::sync::Arc::clone(metrics), fallback.is_some());
         if !args.no_docker {
             let sockets = args
                 .docker_sockets
@@ -429,7 +435,11 @@ impl Discovery<'_> {
                 std::sync::Arc::clone(metrics),
             ));
         }
-        if let Some(i) = fallback.as_ref().or(informer.as_ref()) {
+        let informer = match &primary {
+            Primary::Informer(i) => Some(i),
+            _ => None,
+        };
+        if let Some(i) = fallback.as_ref().or(informer) {
             sink.set_index(i.index());
             if fallback.is_some() {
                 tracing::info!("fallback Pod informer runs beside {label}");
@@ -474,8 +484,8 @@ impl Discovery<'_> {
                 .await;
             })
         };
-        match (hook, informer) {
-            (Some(mut hook), _) => {
+        match primary {
+            Primary::Hook { mut hook, .. } => {
                 hook.scan(&mut sink);
                 // After the state scan: what it found is not the informer's.
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
@@ -489,19 +499,19 @@ impl Discovery<'_> {
                 tracing::info!(?stats, "runtime hook stopped; marks removed");
                 stop_informer(&stop_tx, side).await;
             }
-            (None, Some(informer)) => {
+            Primary::Informer(informer) => {
                 let task = spawn_informer(informer, sink.clone());
                 ready();
                 tracing::info!("ready");
                 stopped.await;
                 stop_informer(&stop_tx, Some(task)).await;
             }
-            (None, None) if nri_only => {
+            Primary::NriOnly => {
                 ready();
                 tracing::info!("ready");
                 stopped.await;
             }
-            (None, None) => {
+            Primary::Scan => {
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
                 ready();
                 tracing::info!("ready");

@@ -16,32 +16,62 @@ use lookout_runtime_hook::RuntimeHook;
 use super::args::RunArgs;
 use crate::serve::Metrics;
 
+/// The backend that discovers containers: what actually runs.
+pub(super) enum Primary {
+    /// `fanotify-ebpf` or `fanotify`: the runtime hook (boxed: it is
+    /// large, and moved once).
+    Hook { mode: Mode, hook: Box<RuntimeHook> },
+    /// `podinformer`: the Pod informer.
+    Informer(lookout_informer::Informer),
+    /// `scan`: the runtimes' state directories, read every
+    /// `--scan-interval`.
+    Scan,
+    /// `--mode nri`: nothing but the NRI plugin.
+    NriOnly,
+}
+
 /// What discovery runs with.
 pub(super) struct Backends {
-    /// The mode that runs.
-    pub chosen: Mode,
-    /// The modes above it that were refused, and why.
+    pub primary: Primary,
+    /// The modes above the one that runs that were refused, and why.
     pub refused: Vec<String>,
-    /// The runtime hook, in the fanotify modes.
-    pub hook: Option<RuntimeHook>,
-    /// The Pod informer, in `podinformer` mode.
-    pub informer: Option<lookout_informer::Informer>,
-    /// The fallback Pod informer beside another mode.
+    /// The fallback Pod informer beside a mode other than `podinformer`.
     pub fallback: Option<lookout_informer::Informer>,
     /// The NRI plugin, beside the mode or (`--mode nri`) alone.
     pub nri: Option<(lookout_nri::Plugin, lookout_nri::Events)>,
-    /// `--mode nri`: nothing but NRI runs.
-    pub nri_only: bool,
 }
 
 impl Backends {
+    /// `--mode nri`: only the plugin, started by the caller.
+    pub fn nri_only() -> Backends {
+        Backends {
+            primary: Primary::NriOnly,
+            refused: Vec::new(),
+            fallback: None,
+            nri: None,
+        }
+    }
+
     /// The mode as `/readyz` and `lookout_mode_info` name it:
     /// `fanotify-ebpf`, `fanotify-ebpf+nri`, `nri`, ...
     pub fn label(&self) -> String {
-        match (self.nri_only, self.nri.is_some()) {
-            (true, _) => "nri".to_owned(),
-            (false, true) => format!("{}+nri", self.chosen),
-            (false, false) => self.chosen.to_string(),
+        let mode = match &self.primary {
+            Primary::Hook { mode, .. } => *mode,
+            Primary::Informer(_) => Mode::PodInformer,
+            Primary::Scan => Mode::Scan,
+            Primary::NriOnly => return "nri".to_owned(),
+        };
+        match self.nri {
+            Some(_) => format!("{mode}+nri"),
+            None => mode.to_string(),
+        }
+    }
+
+    /// The runtime hook, in the fanotify modes.
+    pub fn hook(&self) -> Option<&RuntimeHook> {
+        match &self.primary {
+            Primary::Hook { hook, .. } => Some(hook),
+            _ => None,
         }
     }
 }
@@ -191,13 +221,16 @@ impl Ladder<'_> {
                 Mode::Scan => break,
             }
         }
-        let chosen = match (&hook, &informer) {
-            (Some((m, _)), _) => *m,
-            (None, Some(_)) => Mode::PodInformer,
-            (None, None) => Mode::Scan,
+        let primary = match (hook, informer) {
+            (Some((mode, hook)), _) => Primary::Hook {
+                mode,
+                hook: Box::new(hook),
+            },
+            (None, Some(i)) => Primary::Informer(i),
+            (None, None) => Primary::Scan,
         };
         // The fallback informer: on by default when a cluster is configured.
-        let fallback = if chosen == Mode::PodInformer {
+        let fallback = if matches!(primary, Primary::Informer(_)) {
             None
         } else {
             let cluster = report.requirements(Mode::PodInformer);
@@ -217,13 +250,10 @@ impl Ladder<'_> {
             }
         };
         Ok(Backends {
-            chosen,
+            primary,
             refused,
-            hook: hook.map(|(_, h)| h),
-            informer,
             fallback,
             nri: None,
-            nri_only: false,
         })
     }
 }
