@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
@@ -100,21 +100,22 @@ pub struct Metrics {
     hub: crate::hub::HubMetrics,
 }
 
+/// Registers `metric` in `registry` as `name`, described by `help`, and
+/// returns it: the returned handle and the registered one share their
+/// value. Every metric of the agent is made this way, named once.
+pub(crate) fn register<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("lookout");
-        let events = Family::<EventLabels, Counter>::default();
-        registry.register(
-            "events",
-            "Container events emitted, by event and source",
-            events.clone(),
-        );
-        let mode = Family::<ModeLabels, Gauge>::default();
-        registry.register(
-            "mode_info",
-            "The discovery mode in use (1, labelled by mode)",
-            mode.clone(),
-        );
         registry.register(
             "build",
             "The agent's build (1, labelled by version)",
@@ -123,151 +124,143 @@ impl Metrics {
                 env!("CARGO_PKG_VERSION").to_owned(),
             )]),
         );
-        let answered = Counter::default();
-        registry.register(
-            "permission_events_answered",
-            "fanotify permission events answered",
-            answered.clone(),
-        );
-        // 1 us .. ~16 s
-        let answer_seconds = Histogram::new(exponential_buckets(1e-6, 4.0, 13));
-        registry.register(
-            "permission_answer_seconds",
-            "Time from reading a permission event to answering it",
-            answer_seconds.clone(),
-        );
-        let errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "errors",
-            "Errors logged and skipped, by kind",
-            errors.clone(),
-        );
-        let tracked = Gauge::<i64, AtomicI64>::default();
-        registry.register(
-            "containers_tracked",
-            "Containers added and not yet removed",
-            tracked.clone(),
-        );
-        let nri_late = Counter::default();
-        registry.register(
-            "nri_late_starts",
-            "NRI: container starts that went on before their barrier (prestart hooks, gates) \
+        let r = &mut registry;
+        Metrics {
+            events: register(
+                r,
+                "events",
+                "Container events emitted, by event and source",
+                Family::<EventLabels, Counter>::default(),
+            ),
+            mode: register(
+                r,
+                "mode_info",
+                "The discovery mode in use (1, labelled by mode)",
+                Family::<ModeLabels, Gauge>::default(),
+            ),
+            answered: register(
+                r,
+                "permission_events_answered",
+                "fanotify permission events answered",
+                Counter::default(),
+            ),
+            // 1 us .. ~16 s
+            answer_seconds: register(
+                r,
+                "permission_answer_seconds",
+                "Time from reading a permission event to answering it",
+                Histogram::new(exponential_buckets(1e-6, 4.0, 13)),
+            ),
+            errors: register(
+                r,
+                "errors",
+                "Errors logged and skipped, by kind",
+                Family::<ErrorLabels, Counter>::default(),
+            ),
+            tracked: register(
+                r,
+                "containers_tracked",
+                "Containers added and not yet removed",
+                Gauge::<i64, AtomicI64>::default(),
+            ),
+            nri_late: register(
+                r,
+                "nri_late_starts",
+                "NRI: container starts that went on before their barrier (prestart hooks, gates) \
              decided, at the plugin's deadline under the runtime's request timeout",
-            nri_late.clone(),
-        );
-        let nri_disconnects = Counter::default();
-        registry.register(
-            "nri_disconnects",
-            "NRI: connections to the runtime that ended (each is followed by a reconnect and a \
+                Counter::default(),
+            ),
+            nri_disconnects: register(
+                r,
+                "nri_disconnects",
+                "NRI: connections to the runtime that ended (each is followed by a reconnect and a \
              resynchronization)",
-            nri_disconnects.clone(),
-        );
-        let nri_dropped = Counter::default();
-        registry.register(
-            "nri_events_dropped",
-            "NRI: events that found the agent's queue full; each ended the connection, and the \
+                Counter::default(),
+            ),
+            nri_dropped: register(
+                r,
+                "nri_events_dropped",
+                "NRI: events that found the agent's queue full; each ended the connection, and the \
              Synchronize after the reconnect reported what they carried",
-            nri_dropped.clone(),
-        );
-        let stdout_late = Counter::default();
-        registry.register(
-            "stdout_late_events",
-            "Events not written to stdout within --event-deadline",
-            stdout_late.clone(),
-        );
-        let stdout_dropped = Counter::default();
-        registry.register(
-            "stdout_dropped_events",
-            "Events dropped because the stdout queue was full",
-            stdout_dropped.clone(),
-        );
-        let duplicates = Counter::default();
-        registry.register(
-            "duplicate_events_suppressed",
-            "Events for a container another source already reported (hook and informer), not printed",
-            duplicates.clone(),
-        );
-        let recovered = Counter::default();
-        let missed = Family::<MissedLabels, Counter>::default();
-        registry.register(
-            "missed_containers",
-            "Containers a runtime made that lookout could not report, by runtime and reason \
+                Counter::default(),
+            ),
+            stdout_late: register(
+                r,
+                "stdout_late_events",
+                "Events not written to stdout within --event-deadline",
+                Counter::default(),
+            ),
+            stdout_dropped: register(
+                r,
+                "stdout_dropped_events",
+                "Events dropped because the stdout queue was full",
+                Counter::default(),
+            ),
+            duplicates: register(
+                r,
+                "duplicate_events_suppressed",
+                "Events for a container another source already reported (hook and informer), not printed",
+                Counter::default(),
+            ),
+            missed: register(
+                r,
+                "missed_containers",
+                "Containers a runtime made that lookout could not report, by runtime and reason \
              (unreadable-state, state-timeout, not-a-container-process); each is also a warning \
              in the log",
-            missed.clone(),
-        );
-        let without_argv = Counter::default();
-        registry.register(
-            "runtime_execs_without_argv",
-            "Runtime execs that came without a BPF argv record and were followed through /proc \
+                Family::<MissedLabels, Counter>::default(),
+            ),
+            without_argv: register(
+                r,
+                "runtime_execs_without_argv",
+                "Runtime execs that came without a BPF argv record and were followed through /proc \
              (every one in fanotify mode; with BPF, a runtime re-exec not recognised or a caller \
              other than host root)",
-            without_argv.clone(),
-        );
-        registry.register(
-            "containers_recovered",
-            "Containers found only by reconciling the state directories after runtime execs \
+                Counter::default(),
+            ),
+            recovered: register(
+                r,
+                "containers_recovered",
+                "Containers found only by reconciling the state directories after runtime execs \
              whose argv could not be read (fanotify mode without BPF); reported late",
-            recovered.clone(),
-        );
-        let ignored = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "runtime_execs_ignored",
-            "Runtime execs allowed at once and not followed, by reason (non-root: the caller is \
+                Counter::default(),
+            ),
+            ignored: register(
+                r,
+                "runtime_execs_ignored",
+                "Runtime execs allowed at once and not followed, by reason (non-root: the caller is \
              not host root and cannot make a rootful container)",
-            ignored.clone(),
-        );
-        let http_refused = Counter::default();
-        registry.register(
-            "http_connections_refused",
-            "HTTP connections closed at accept because MAX_CONNECTIONS (64) were open",
-            http_refused.clone(),
-        );
-        let oldest_unanswered = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "permission_oldest_unanswered_seconds",
-            "Age of the oldest runtime exec (create, run, start) waiting for lookout's answer, \
+                Family::<ReasonLabels, Counter>::default(),
+            ),
+            http_refused: register(
+                r,
+                "http_connections_refused",
+                "HTTP connections closed at accept because MAX_CONNECTIONS (64) were open",
+                Counter::default(),
+            ),
+            oldest_unanswered: register(
+                r,
+                "permission_oldest_unanswered_seconds",
+                "Age of the oldest runtime exec (create, run, start) waiting for lookout's answer, \
              0 when none waits; a start held for prestart hooks counts",
-            oldest_unanswered.clone(),
-        );
-        let k8s_events_dropped = Counter::default();
-        registry.register(
-            "k8s_events_dropped",
-            "Kubernetes Events dropped over --k8s-events-burst/--k8s-events-per-minute",
-            k8s_events_dropped.clone(),
-        );
-        let docker_lookups = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "docker_lookups",
-            "Docker containers looked up in dockerd, by outcome: found, unknown (not dockerd's), \
+                Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+            ),
+            k8s_events_dropped: register(
+                r,
+                "k8s_events_dropped",
+                "Kubernetes Events dropped over --k8s-events-burst/--k8s-events-per-minute",
+                Counter::default(),
+            ),
+            docker_lookups: register(
+                r,
+                "docker_lookups",
+                "Docker containers looked up in dockerd, by outcome: found, unknown (not dockerd's), \
              unavailable (dockerd stopped, hung or skipped while it is), error (a bad answer), \
              dropped (the lookup queue was full)",
-            docker_lookups.clone(),
-        );
-        let hub = crate::hub::HubMetrics::register(&mut registry);
-        Metrics {
-            docker_lookups,
-            hub,
-            k8s_events_dropped,
-            oldest_unanswered,
-            http_refused,
-            ignored,
-            recovered,
-            without_argv,
-            missed,
-            duplicates,
+                Family::<OutcomeLabels, Counter>::default(),
+            ),
+            hub: crate::hub::HubMetrics::register(r),
             registry,
-            events,
-            mode,
-            answered,
-            answer_seconds,
-            errors,
-            tracked,
-            stdout_late,
-            stdout_dropped,
-            nri_late,
-            nri_disconnects,
-            nri_dropped,
         }
     }
 

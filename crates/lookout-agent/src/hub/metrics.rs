@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::serve::register;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GateLabels {
     subscriber: String,
@@ -36,51 +38,55 @@ pub struct HubMetrics {
 impl HubMetrics {
     /// Registers the metrics in `registry`.
     pub fn register(registry: &mut Registry) -> HubMetrics {
-        let m = HubMetrics {
-            watchers: Gauge::default(),
-            watchers_dropped: Counter::default(),
-            subscribers: Gauge::default(),
-            holds: Family::default(),
-            decisions: Family::default(),
-            hold_seconds: Family::new_with_constructor(|| {
-                // 100 us .. ~26 s
-                Histogram::new(exponential_buckets(1e-4, 4.0, 10))
-            }),
-            // 10 us .. ~10 s
-            start_wait_seconds: Histogram::new(exponential_buckets(1e-5, 4.0, 11)),
-        };
-        registry.register("watchers", "Consumers watching changes", m.watchers.clone());
-        registry.register(
-            "watchers_dropped",
-            "Watchers disconnected because they did not keep up",
-            m.watchers_dropped.clone(),
-        );
-        registry.register(
-            "gate_subscribers",
-            "Gate subscribers connected",
-            m.subscribers.clone(),
-        );
-        registry.register(
-            "gate_holds",
-            "Containers handed to gate subscribers, by outcome: held, not-held, queue-full",
-            m.holds.clone(),
-        );
-        registry.register(
-            "gate_decisions",
-            "Holds resolved, by outcome: allow, deny, timeout, overdue, disconnected, queue-full",
-            m.decisions.clone(),
-        );
-        registry.register(
-            "gate_hold_seconds",
-            "Time from a hold's issue (at the container's create) to its subscriber's answer",
-            m.hold_seconds.clone(),
-        );
-        registry.register(
-            "gate_start_wait_seconds",
-            "Time a runtime start waited for the gates' answers still missing when it came",
-            m.start_wait_seconds.clone(),
-        );
-        m
+        let r = registry;
+        HubMetrics {
+            watchers: register(
+                r,
+                "watchers",
+                "Consumers watching changes",
+                Gauge::default(),
+            ),
+            watchers_dropped: register(
+                r,
+                "watchers_dropped",
+                "Watchers disconnected because they did not keep up",
+                Counter::default(),
+            ),
+            subscribers: register(
+                r,
+                "gate_subscribers",
+                "Gate subscribers connected",
+                Gauge::default(),
+            ),
+            holds: register(
+                r,
+                "gate_holds",
+                "Containers handed to gate subscribers, by outcome: held, not-held, queue-full",
+                Family::default(),
+            ),
+            decisions: register(
+                r,
+                "gate_decisions",
+                "Holds resolved, by outcome: allow, deny, timeout, overdue, disconnected, queue-full",
+                Family::default(),
+            ),
+            hold_seconds: register(
+                r,
+                "gate_hold_seconds",
+                "Time from a hold's issue (at the container's create) to its subscriber's answer",
+                Family::new_with_constructor(|| {
+                    // 100 us .. ~26 s
+                    Histogram::new(exponential_buckets(1e-4, 4.0, 10))
+                }),
+            ),
+            start_wait_seconds: register(
+                r,
+                "gate_start_wait_seconds",
+                "Time a runtime start waited for the gates' answers still missing when it came",
+                // 10 us .. ~10 s
+                Histogram::new(exponential_buckets(1e-5, 4.0, 11)),
+            ),
+        }
     }
 
     pub(super) fn hold(&self, subscriber: &str, outcome: &str) {
