@@ -935,7 +935,7 @@ impl RuntimeHook {
         let (task_id, kind) = (id.clone(), p.runtime.clone());
         let read = move || resolve(&host_root, &task_id, &p, seen);
         tokio::spawn(async move {
-            let container = match crate::oci::bounded_async(deadline, read).await {
+            let container = match crate::bounded::bounded_async(deadline, read).await {
                 Ok(Ok(c)) => Some(Box::new(c)),
                 Ok(Err(Unresolved::Failed(why))) => {
                     tracing::debug!(id, why, "no pid: the create failed");

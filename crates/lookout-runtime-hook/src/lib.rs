@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 mod answer;
+mod bounded;
 pub mod argv;
 pub mod btf;
 mod capture;
