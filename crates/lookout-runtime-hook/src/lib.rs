@@ -27,8 +27,8 @@
 #![deny(missing_docs)]
 
 mod answer;
-mod bounded;
 pub mod argv;
+mod bounded;
 pub mod btf;
 mod capture;
 mod container;

@@ -3,8 +3,9 @@
 //! The hook's task turns what it sees (runtime execs, the exit of a
 //! `create` process, a pid read off the task, an init's exit) into
 //! [`Input`]s, and [`Lifecycle::step`] returns the [`Effect`]s to carry out
-//! (read a pid off the task, watch an exit, emit an event, let a `start`
-//! go on). `step` does no I/O and reads no clock, so every transition is
+//! (let a `create` go on and watch it end, watch `run`'s state, read a pid
+//! off the task, watch an exit, emit an event, let a `start` go on): the
+//! whole create → start → exit story is here. `step` does no I/O and reads no clock, so every transition is
 //! unit-tested here without root, a runtime or a tokio runtime.
 //!
 //! ```text
@@ -65,8 +66,15 @@ pub(crate) struct Pending {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Input<P> {
-    /// A `create` or `run` of `id` (its config.json read, or not).
-    Created { id: String, pending: Pending },
+    /// A `create` or `run` of `id` by runtime process `pid` (its
+    /// config.json read, or not). `perm` is the held exec, `None` when it
+    /// was allowed already (fanotify-only mode).
+    Created {
+        id: String,
+        pending: Pending,
+        pid: u32,
+        perm: Option<P>,
+    },
     /// The `create` process of `id` ended: the state names the pid now.
     CreateExited { id: String },
     /// A `run` watcher saw `id` running.
@@ -115,6 +123,21 @@ pub(crate) enum Effect<P> {
     WatchExit { id: String, pid: u32 },
     /// Hand this event to the sink.
     Emit(ContainerEvent),
+    /// Let a held `create` or `run` exec go on: its container is
+    /// remembered.
+    Allow(P),
+    /// Watch the `create` process `pid` of `id`, and step
+    /// [`Input::CreateExited`] when it ends.
+    WatchCreate { id: String, pid: u32 },
+    /// `run` creates and starts in one process: read the state of `id`
+    /// under `root` while the runtime process `pid` lives, and step
+    /// [`Input::Observed`] when it names the container's init.
+    WatchRun {
+        id: String,
+        pid: u32,
+        runtime: RuntimeKind,
+        root: PathBuf,
+    },
     /// Let the held `start` of `id` go on (after its start barrier).
     /// `pid` is the container's init, to kill if the barrier denies it.
     ReleaseStart {
@@ -173,18 +196,39 @@ impl<P> Lifecycle<P> {
     pub fn step(&mut self, input: Input<P>) -> Vec<Effect<P>> {
         let mut out = Vec::new();
         match input {
-            Input::Created { id, pending } => {
+            Input::Created {
+                id,
+                pending,
+                pid,
+                perm,
+            } => {
                 // Reported already (reconciliation was first), or a create
                 // that fails: runc refuses an id that exists.
                 if self.tracked.contains_key(&id) || self.resolving.contains_key(&id) {
+                    out.extend(perm.map(Effect::Allow));
                     return out;
                 }
                 if self.pending.len() >= MAX_PENDING {
                     self.sweep(pending.since);
                 }
+                let watch = match pending.status {
+                    Status::Running => Effect::WatchRun {
+                        id: id.clone(),
+                        pid,
+                        runtime: pending.runtime.clone(),
+                        root: pending.root.clone(),
+                    },
+                    _ => Effect::WatchCreate {
+                        id: id.clone(),
+                        pid,
+                    },
+                };
                 // Only host root's execs get here: a root that floods
                 // creates is not refused (that would hide a real one).
                 self.pending.insert(id, pending);
+                // Remembered first: what the exec makes is then known.
+                out.extend(perm.map(Effect::Allow));
+                out.push(watch);
             }
             Input::CreateExited { id } => self.resolve(id, None, None, &mut out),
             Input::Observed(seen) => {
@@ -338,12 +382,16 @@ mod tests {
         c
     }
 
+    /// A `create` of `id` (runtime pid 100) whose exec was allowed
+    /// already (fanotify-only mode).
     fn created(l: &mut L, id: &str, at: Instant) {
         let e = l.step(Input::Created {
             id: id.into(),
             pending: pending(at),
+            pid: 100,
+            perm: None,
         });
-        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(trace(&e), [format!("watch-create:{id}:100")]);
     }
 
     /// A compact trace of effects: `resolve:a`, `watch:a:7`,
@@ -365,6 +413,9 @@ mod tests {
                     format!("{kind}:{}", ev.container.id)
                 }
                 Effect::ReleaseStart { id, perm, .. } => format!("start:{id}:{perm}"),
+                Effect::Allow(perm) => format!("allow:{perm}"),
+                Effect::WatchCreate { id, pid } => format!("watch-create:{id}:{pid}"),
+                Effect::WatchRun { id, pid, .. } => format!("watch-run:{id}:{pid}"),
             })
             .collect()
     }
@@ -483,7 +534,13 @@ mod tests {
             Effect::Emit(ev) => assert_eq!(ev.source, Source::StateScan),
             other => panic!("{other:?}"),
         }
-        created(&mut l, "b", now);
+        let e = l.step(Input::Created {
+            id: "b".into(),
+            pending: pending(now),
+            pid: 100,
+            perm: None,
+        });
+        assert!(e.is_empty(), "a create of a tracked id is not watched: {e:?}");
         assert!(!l.pending.contains_key("b"), "a tracked id is not pending");
         let e = l.step(Input::Resolved {
             id: "a".into(),
@@ -535,10 +592,13 @@ mod tests {
         let (mut l, now) = (L::default(), Instant::now());
         let mut p = pending(now);
         p.status = Status::Running;
-        l.step(Input::Created {
+        let e = l.step(Input::Created {
             id: "r".into(),
             pending: p,
+            pid: 200,
+            perm: Some(9),
         });
+        assert_eq!(trace(&e), ["allow:9", "watch-run:r:200"]);
         let seen = Observed {
             id: "r".into(),
             pid: 9,
@@ -591,5 +651,38 @@ mod tests {
         created(&mut l, "later", t0 + PENDING_TTL);
         assert!(l.knows("later"));
         assert_eq!(l.counts(), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_held_create_goes_on_once_its_container_is_remembered_and_its_end_is_watched() {
+        let (mut l, now) = (L::default(), Instant::now());
+        let e = l.step(Input::Created {
+            id: "a".into(),
+            pending: pending(now),
+            pid: 100,
+            perm: Some(1),
+        });
+        assert!(l.knows("a"), "remembered before the exec goes on");
+        assert_eq!(trace(&e), ["allow:1", "watch-create:a:100"]);
+        let e = l.step(Input::CreateExited { id: "a".into() });
+        assert_eq!(trace(&e), ["resolve:a"]);
+    }
+
+    #[test]
+    fn a_create_of_a_reported_id_goes_on_and_is_not_watched() {
+        let (mut l, now) = (L::default(), Instant::now());
+        l.step(Input::Found(vec![container("a", 7)]));
+        let e = l.step(Input::Created {
+            id: "a".into(),
+            pending: pending(now),
+            pid: 100,
+            perm: Some(2),
+        });
+        assert_eq!(trace(&e), ["allow:2"]);
+        assert_eq!(
+            l.counts(),
+            (0, 0, 1),
+            "still the reported one, nothing pending"
+        );
     }
 }

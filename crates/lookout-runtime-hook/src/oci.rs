@@ -332,8 +332,6 @@ mod tests {
         );
     }
 
-
-
     #[test]
     fn a_config_is_read_within_the_deadline() {
         use std::time::Duration;

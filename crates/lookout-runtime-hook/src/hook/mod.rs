@@ -9,7 +9,7 @@ use lookout_fanotify::{Class, Fanotify, MarkFlags, Mask, Report};
 use lookout_model::{Container, RuntimeKind, Sink, StartBarrier, StartDecision, Status};
 use tokio::sync::mpsc;
 
-use crate::answer::{Answerer, Exec, Held, Marked, Unseen};
+use crate::answer::{Answerer, Exec, Held, Marked};
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
 use crate::container::fill;
@@ -19,6 +19,8 @@ use crate::run_watch::Observed;
 use crate::state::{default_root, leaves_trace, read_pid_file_under, read_state_under};
 use crate::stats::{Counters, Observer, Stats};
 use crate::{Error, pidfd};
+
+mod late;
 use lookout_host::proc;
 
 /// Finds the runtime binaries again (for binaries installed after start).
@@ -188,42 +190,19 @@ impl Builder {
 
 /// What the hook's task hears from the tasks and threads it started.
 enum Notice {
-    /// The `create` process of `id` exited.
-    CreateExited(String),
-    /// A `run` watcher read the state of a container.
-    Observed(Observed),
-    /// fanotify-only mode: the argv of an exec, read from /proc after it
-    /// was allowed.
-    LateArgv {
-        pid: u32,
-        binary: String,
-        argv: Vec<String>,
-    },
-    /// fanotify-only mode: the argv of a runtime exec could not be read;
-    /// `why` says why. The state directories are scanned for what it may
-    /// have created, now and once it has ended (`after`).
-    Unread {
-        pid: u32,
-        binary: String,
-        why: String,
-        after: Afterwards,
-    },
-    /// Scan the state directories again (see [`Afterwards`]).
-    Reconcile,
-    /// fanotify-only mode: a runtime exec by a caller other than host
-    /// root: not a container (see the answerer).
-    Foreign { pid: u32 },
-    /// The init process of a tracked container exited.
-    Exited(String, u32),
-    /// The runtime was asked to delete container `id`.
-    Deleted(String),
+    /// What the lifecycle learned off the task: a `create` process ended
+    /// (`CreateExited`), a `run` watcher read the state (`Observed`), a
+    /// pid was read (`Resolved`), an init exited (`Exited`, its code
+    /// filled from BPF when it is handled), a sandboxed container was
+    /// deleted (`Deleted`).
+    /// Boxed: a notice waits in a queue, an input can be large.
+    Step(Box<Input<Held>>),
+    /// fanotify-only mode: an exec followed after it was allowed (see
+    /// [`late`]).
+    Late(late::Late),
     /// A `create`/`run`'s config.json was read (or not) off the task; its
     /// exec, still held when `perm` is set, goes on once it is noted.
     CreateRead(Box<CreateRead>),
-    /// A pending container's pid was read and the container filled (or
-    /// not) off the task; the `start` execs waiting for its report go on
-    /// after it.
-    Resolved(String, Option<Box<Container>>),
 }
 
 /// A `create` or `run` whose config.json was being read.
@@ -234,20 +213,6 @@ struct CreateRead {
     cwd: Option<PathBuf>,
     bundle: Option<PathBuf>,
     config: Option<OciConfig>,
-}
-
-/// What is known of a runtime exec whose argv could not be read: when has
-/// it created whatever it was going to create?
-#[derive(Debug)]
-enum Afterwards {
-    /// It has ended: a scan now sees what it made.
-    Ended,
-    /// It still runs: scan again when this pidfd says it ended.
-    Running(std::os::fd::OwnedFd),
-    /// Unknown (no pidfd: the exec came from a thread other than the main
-    /// one, whose id vanished with the exec): scan again after
-    /// [`RECONCILE_AGAIN`].
-    Unknown,
 }
 
 /// The runtime hook. Create with [`RuntimeHook::builder`], report what already
@@ -267,15 +232,9 @@ pub struct RuntimeHook {
     /// Runtime roots seen in argv (`--root`), scanned by reconciliation
     /// besides the default ones. Bounded by [`MAX_LEARNED_ROOTS`].
     learned_roots: Vec<(RuntimeKind, PathBuf)>,
-    /// Runtime execs whose argv could not be read since the last
-    /// reconciliation (fanotify-only mode), for its log line.
-    unread: Vec<String>,
-    /// fanotify-only mode: argv readers running now (bounded).
-    late_readers: Arc<std::sync::atomic::AtomicUsize>,
-    /// When the oldest entry of `unread` came.
-    unread_since: Instant,
-    /// When the last reconciliation ran.
-    last_reconcile: Instant,
+    /// fanotify-only mode: execs whose argv could not be read, and the
+    /// readers that follow them.
+    unread: late::Unread,
 }
 
 impl Drop for RuntimeHook {
@@ -297,21 +256,7 @@ impl std::fmt::Debug for RuntimeHook {
     }
 }
 
-/// fanotify-only mode: how long an allowed runtime exec may take to show
-/// its own command line in /proc before it counts as unread.
-const LATE_ARGV_DEADLINE: Duration = Duration::from_secs(5);
-/// fanotify-only mode: at most this many execs are followed at once; more
-/// (an exec flood) count as unread and are covered by reconciliation.
-const MAX_LATE_READERS: usize = 256;
 const MAX_LEARNED_ROOTS: usize = 64;
-/// When an unread runtime exec cannot be followed to its end, the state
-/// directories are scanned again after these delays (a `create` takes tens
-/// of milliseconds, more on a loaded node).
-const RECONCILE_AGAIN: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
-/// The longest a reconciliation waits for busy argv readers.
-const RECONCILE_SETTLE: Duration = Duration::from_secs(1);
-/// The shortest time between two reconciliations.
-const RECONCILE_MIN_GAP: Duration = Duration::from_millis(100);
 
 impl RuntimeHook {
     /// Sets up a hook; see [`Builder`].
@@ -365,10 +310,7 @@ impl RuntimeHook {
             execs,
             answerer,
             learned_roots,
-            unread: Vec::new(),
-            late_readers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            unread_since: Instant::now(),
-            last_reconcile: Instant::now(),
+            unread: late::Unread::new(),
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -464,45 +406,6 @@ impl RuntimeHook {
         })
     }
 
-    /// When to reconcile after unread execs: once no argv reader is busy
-    /// (each one ends with a notice, which wakes the loop), or at the
-    /// latest [`RECONCILE_SETTLE`] after the first unread exec. A scan
-    /// while readers are busy would race them: it would report (late, as
-    /// `running`) containers whose `create` the hook is about to report
-    /// as it should.
-    fn reconcile_due(&self) -> impl std::future::Future<Output = ()> + use<> {
-        let busy = self.late_readers.load(std::sync::atomic::Ordering::Relaxed) > 0;
-        let at = if busy {
-            self.unread_since + RECONCILE_SETTLE
-        } else {
-            Instant::now()
-        };
-        // An exec flood (anyone may exec a runtime, and such execs end
-        // before they are read) must not turn into back-to-back scans on
-        // this task.
-        let at = at.max(self.last_reconcile + RECONCILE_MIN_GAP);
-        tokio::time::sleep_until(at.into())
-    }
-
-    /// fanotify-only mode: after runtime execs whose argv could not be
-    /// read, reports what the state directories hold that nobody reported.
-    fn reconcile(&mut self, sink: &mut dyn Sink) {
-        self.last_reconcile = Instant::now();
-        let unread = std::mem::take(&mut self.unread);
-        let found = self.scan_untracked();
-        for c in &found {
-            self.counters.count_recovered();
-            tracing::warn!(
-                id = c.id,
-                pid = c.pid,
-                execs = ?unread,
-                "container found by reconciliation: the argv of these runtime execs could \
-                 not be read (fanotify mode without BPF); reported late, from the state directory"
-            );
-        }
-        self.step(Input::Found(found), sink);
-    }
-
     /// Handles events until `shutdown` completes. Every permission event is
     /// answered; on return the group is closed, which removes the marks.
     pub async fn run(
@@ -525,19 +428,16 @@ impl RuntimeHook {
                 .swap(0, std::sync::atomic::Ordering::Relaxed);
             if dropped > 0 {
                 self.counters.count_unread_argv();
-                if self.unread.is_empty() {
-                    self.unread_since = Instant::now();
-                }
-                self.unread.push(format!(
+                self.unread.note(format!(
                     "{dropped} runtime execs not followed: the queue was full"
                 ));
             }
-            let due = self.reconcile_due();
+            let due = self.unread.due();
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(x) = self.execs.recv() => self.on_exec(x, sink),
                 Some(n) = self.notices_rx.recv() => self.notice(n, sink),
-                // Several unread execs cost one scan; see `reconcile_due`.
+                // Several unread execs cost one scan; see `Unread::due`.
                 () = due, if !self.unread.is_empty() => self.reconcile(sink),
                 _ = sweep.tick() => self.step(Input::Sweep { now: Instant::now() }, sink),
                 _ = rescan_tick.tick(), if rescan.is_some() => {
@@ -570,17 +470,56 @@ impl RuntimeHook {
                     if let Some(cap) = self.capture.as_mut() {
                         cap.watch_exit(pid);
                     }
-                    let tx = self.notices_tx.clone();
                     let exited = pidfd::exit_of(pid);
-                    tokio::spawn(async move {
+                    self.notify_after(async move {
                         exited.await;
-                        let _ = tx.send(Notice::Exited(id, pid)).await;
+                        Input::Exited {
+                            id,
+                            pid,
+                            code: None,
+                        }
                     });
                 }
                 Effect::Emit(event) => sink.emit(event),
+                Effect::Allow(perm) => perm.allow(),
+                Effect::WatchCreate { id, pid } => {
+                    let exited = pidfd::exit_of(pid);
+                    self.notify_after(async move {
+                        exited.await;
+                        Input::CreateExited { id }
+                    });
+                }
+                Effect::WatchRun {
+                    id,
+                    pid,
+                    runtime,
+                    root,
+                } => {
+                    // `run` creates and starts in one process: catch the
+                    // state file while the container lives.
+                    let (tx, mut rx) = mpsc::channel(1);
+                    let root = lookout_host::host_path(&self.config.host_root, &root);
+                    crate::run_watch::spawn(runtime, root, id, pid, tx);
+                    let notices = self.notices_tx.clone();
+                    tokio::spawn(async move {
+                        if let Some(obs) = rx.recv().await {
+                            let _ = notices
+                                .send(Notice::Step(Box::new(Input::Observed(obs))))
+                                .await;
+                        }
+                    });
+                }
                 Effect::ReleaseStart { id, pid, perm } => self.release_start(id, pid, perm),
             }
         }
+    }
+
+    /// Steps the input `input` resolves to, on this task, once it is ready.
+    fn notify_after(&self, input: impl std::future::Future<Output = Input<Held>> + Send + 'static) {
+        let tx = self.notices_tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Notice::Step(Box::new(input.await))).await;
+        });
     }
 
     /// A runtime exec handed over by the permission thread.
@@ -588,7 +527,7 @@ impl RuntimeHook {
         match exec {
             // The answer's latency is recorded when it is given (`Held`).
             Exec::Command { pid, inv, perm } => self.on_invocation(pid, &inv, Some(perm), sink),
-            Exec::Unseen(u) => self.spawn_late_argv(u),
+            Exec::Unseen(u) => self.follow_late(u),
             Exec::Deleted(inv) => self.on_invocation(0, &inv, None, sink),
         }
     }
@@ -690,7 +629,9 @@ impl RuntimeHook {
                 // Only a container in a shared sandbox needs it (see
                 // `Input::Deleted`); a full queue costs that report.
                 if self.lifecycle.is_sandboxed(id) {
-                    let _ = self.notices_tx.try_send(Notice::Deleted(id.clone()));
+                    let _ = self
+                        .notices_tx
+                        .try_send(Notice::Step(Box::new(Input::Deleted { id: id.clone() })));
                 }
             }
             Command::ReExec | Command::Other(_) => {
@@ -766,34 +707,13 @@ impl RuntimeHook {
         };
         self.step(
             Input::Created {
-                id: id.clone(),
+                id,
                 pending,
+                pid,
+                perm,
             },
             sink,
         );
-        if let Some(perm) = perm {
-            perm.allow();
-        }
-        if status == Status::Created {
-            let tx = self.notices_tx.clone();
-            let exited = pidfd::exit_of(pid);
-            tokio::spawn(async move {
-                exited.await;
-                let _ = tx.send(Notice::CreateExited(id)).await;
-            });
-        } else {
-            // `run` creates and starts in one process: catch the state
-            // file while the container lives.
-            let (tx, mut rx) = mpsc::channel(1);
-            let root = lookout_host::host_path(&self.config.host_root, &root);
-            crate::run_watch::spawn(inv.runtime.clone(), root, id, pid, tx);
-            let notices = self.notices_tx.clone();
-            tokio::spawn(async move {
-                if let Some(obs) = rx.recv().await {
-                    let _ = notices.send(Notice::Observed(obs)).await;
-                }
-            });
-        }
     }
 
     /// Remembers a `--root` for reconciliation scans.
@@ -808,115 +728,21 @@ impl RuntimeHook {
             .push((runtime.clone(), root.to_path_buf()));
     }
 
-    /// fanotify-only mode: once the exec is allowed and through, the
-    /// runtime's own argv is in /proc/<pid>/cmdline. Follows the process
-    /// until then. If it ends first (a `start` or `delete` takes a few ms;
-    /// a `create` on a loaded node can too), or the argv does not appear
-    /// within [`LATE_ARGV_DEADLINE`], it is reported as unread and the
-    /// state directories are reconciled: a container it created is still
-    /// reported, late, with source `state-scan`.
-    fn spawn_late_argv(&self, u: Unseen) {
-        let tx = self.notices_tx.clone();
-        let readers = Arc::clone(&self.late_readers);
-        if readers.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAX_LATE_READERS {
-            readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            let after = match u.pidfd {
-                Some(fd) => Afterwards::Running(fd),
-                None => Afterwards::Unknown,
-            };
-            let _ = tx.try_send(Notice::Unread {
-                pid: u.tid,
-                binary: u.binary,
-                why: format!("more than {MAX_LATE_READERS} runtime execs followed at once"),
-                after,
-            });
-            return;
-        }
-        tokio::spawn(async move {
-            let notice = follow_exec(u).await;
-            readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            let _ = tx.send(notice).await;
-        });
-    }
-
     fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
         match n {
-            Notice::CreateExited(id) => self.step(Input::CreateExited { id }, sink),
+            Notice::Step(mut input) => {
+                // An exit's code is in the BPF capture by the time its
+                // exit is handled.
+                if let Input::Exited { pid, code, .. } = input.as_mut() {
+                    *code = self
+                        .capture
+                        .as_mut()
+                        .and_then(|cap| cap.take_exit_code(*pid));
+                }
+                self.step(*input, sink)
+            }
             Notice::CreateRead(r) => self.on_create_read(*r, sink),
-            Notice::Resolved(id, container) => self.step(
-                Input::Resolved {
-                    id,
-                    container: container.map(|c| *c),
-                },
-                sink,
-            ),
-            Notice::LateArgv { pid, binary, argv } => {
-                if self.capture.is_some() {
-                    self.counters.error("argv-late");
-                }
-                self.on_argv(pid, &binary, &argv, None, sink)
-            }
-            Notice::Foreign { pid } => {
-                self.counters.ignored("non-root");
-                tracing::debug!(pid, "runtime exec by a non-root caller: not a container");
-            }
-            Notice::Reconcile => {
-                if self.unread.is_empty() {
-                    self.unread_since = Instant::now();
-                    self.unread.push("(a later look)".into());
-                }
-            }
-            Notice::Unread {
-                pid,
-                binary,
-                why,
-                after,
-            } => {
-                self.counters.count_unread_argv();
-                if self.unread.is_empty() {
-                    self.unread_since = Instant::now();
-                }
-                tracing::debug!(
-                    pid,
-                    binary,
-                    why,
-                    "runtime exec whose argv could not be read; reconciling from the state directories"
-                );
-                if self.unread.len() < 16 {
-                    self.unread.push(format!("{binary}[{pid}]: {why}"));
-                } else if self.unread.len() == 16 {
-                    self.unread.push("...".into());
-                }
-                // A scan follows at once (the `unread` branch of the loop);
-                // one more once the exec has made what it makes.
-                let tx = self.notices_tx.clone();
-                match after {
-                    Afterwards::Ended => {}
-                    Afterwards::Running(fd) => {
-                        tokio::spawn(async move {
-                            let _ = pidfd::wait_exit(fd).await;
-                            let _ = tx.send(Notice::Reconcile).await;
-                        });
-                    }
-                    Afterwards::Unknown => {
-                        tokio::spawn(async move {
-                            for delay in RECONCILE_AGAIN {
-                                tokio::time::sleep(delay).await;
-                                let _ = tx.send(Notice::Reconcile).await;
-                            }
-                        });
-                    }
-                }
-            }
-            Notice::Observed(obs) => self.step(Input::Observed(obs), sink),
-            Notice::Deleted(id) => self.step(Input::Deleted { id }, sink),
-            Notice::Exited(id, pid) => {
-                let code = self
-                    .capture
-                    .as_mut()
-                    .and_then(|cap| cap.take_exit_code(pid));
-                self.step(Input::Exited { id, pid, code }, sink);
-            }
+            Notice::Late(late) => self.on_late(late, sink),
         }
     }
 
@@ -936,7 +762,7 @@ impl RuntimeHook {
         let read = move || resolve(&host_root, &task_id, &p, seen);
         tokio::spawn(async move {
             let container = match crate::bounded::bounded_async(deadline, read).await {
-                Ok(Ok(c)) => Some(Box::new(c)),
+                Ok(Ok(c)) => Some(c),
                 Ok(Err(Unresolved::Failed(why))) => {
                     tracing::debug!(id, why, "no pid: the create failed");
                     None
@@ -977,7 +803,9 @@ impl RuntimeHook {
                     None
                 }
             };
-            let _ = tx.send(Notice::Resolved(id, container)).await;
+            let _ = tx
+                .send(Notice::Step(Box::new(Input::Resolved { id, container })))
+                .await;
         });
     }
 }
@@ -1091,86 +919,6 @@ fn unreadable(host_root: &Path, p: &Pending, id: &str, why: String) -> Unresolve
 fn kill_init(id: &str, pid: u32) {
     if let Err(e) = pidfd::kill(pid) {
         tracing::warn!(id, pid, error = %e, "could not kill the init of a denied container");
-    }
-}
-
-/// Follows an allowed runtime exec until its own argv is readable (see
-/// [`RuntimeHook::spawn_late_argv`]).
-async fn follow_exec(u: Unseen) -> Notice {
-    let Unseen {
-        tid,
-        binary,
-        exe,
-        pidfd,
-        bpf,
-    } = u;
-    // Only host root makes rootful containers (see the answerer). The real uid
-    // does not change across the exec.
-    if proc::real_uid(tid).is_some_and(|uid| uid != 0) {
-        return Notice::Foreign { pid: tid };
-    }
-    let deadline = Instant::now() + LATE_ARGV_DEADLINE;
-    let mut wait = Duration::from_micros(100);
-    loop {
-        // Through the exec: /proc/<tid>/exe is the runtime binary (when
-        // its identity is known) and cmdline is set.
-        let through = exe.is_none_or(|want| {
-            nix::sys::stat::stat(format!("/proc/{tid}/exe").as_str())
-                .is_ok_and(|st| (st.st_dev, st.st_ino) == want)
-        });
-        if through
-            && let Some(argv) = proc::cmdline(tid)
-            && !argv.is_empty()
-        {
-            // Read while the process lived: the argv is its own, not that
-            // of a process that reused the pid.
-            let alive = pidfd.as_ref().is_none_or(|fd| !pidfd::has_exited(fd));
-            if alive && proc::real_uid(tid) != Some(0) {
-                return Notice::Foreign { pid: tid };
-            }
-            if alive {
-                if bpf {
-                    tracing::warn!(
-                        pid = tid,
-                        binary,
-                        ?argv,
-                        "a root runtime exec without a BPF argv record: read from /proc after \
-                         the fact (its container is reported, but was not held before start)"
-                    );
-                }
-                return Notice::LateArgv {
-                    pid: tid,
-                    binary,
-                    argv,
-                };
-            }
-        }
-        let gone = match &pidfd {
-            Some(fd) => pidfd::has_exited(fd),
-            None => proc::start_time(tid).is_none(),
-        };
-        if gone {
-            return Notice::Unread {
-                pid: tid,
-                binary,
-                why: "it ended before its command line could be read".into(),
-                after: if pidfd.is_some() {
-                    Afterwards::Ended
-                } else {
-                    Afterwards::Unknown
-                },
-            };
-        }
-        if Instant::now() >= deadline {
-            return Notice::Unread {
-                pid: tid,
-                binary,
-                why: format!("its command line did not appear within {LATE_ARGV_DEADLINE:?}"),
-                after: pidfd.map_or(Afterwards::Unknown, Afterwards::Running),
-            };
-        }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_millis(2));
     }
 }
 
