@@ -540,7 +540,10 @@ mod tests {
             pid: 100,
             perm: None,
         });
-        assert!(e.is_empty(), "a create of a tracked id is not watched: {e:?}");
+        assert!(
+            e.is_empty(),
+            "a create of a tracked id is not watched: {e:?}"
+        );
         assert!(!l.pending.contains_key("b"), "a tracked id is not pending");
         let e = l.step(Input::Resolved {
             id: "a".into(),
