@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use lookout_client::{Client, Event, Filter, proto};
+use lookout_client::{Client, Event, Filter, GateOptions, OnFailure};
 use serde_json::{Value, json};
 
 use super::{
@@ -199,14 +199,10 @@ async fn subscribe(
     delivered: Arc<Mutex<Vec<f64>>>,
 ) -> anyhow::Result<()> {
     let client = Client::connect(&socket).await?;
-    let mut gate = client
-        .gate(proto::Subscribe {
-            name,
-            filter: Some(Filter::all().into()),
-            deadline_ms: 2000,
-            on_failure: proto::FailurePolicy::FailOpen.into(),
-        })
-        .await?;
+    let options = GateOptions::new(name)
+        .deadline(Duration::from_secs(2))
+        .on_failure(OnFailure::FailOpen);
+    let mut gate = client.gate(options).await?;
     tokio::spawn(async move {
         while let Some(Ok(hold)) = gate.next().await {
             let us = hold
@@ -234,17 +230,17 @@ async fn watch(
     let client = Client::connect(&socket).await?;
     let mut watcher = client.watch(Filter::all()).await?;
     tokio::spawn(async move {
-        loop {
-            match watcher.next().await {
-                Ok(Event::Snapshot { .. }) => {
+        // Stops at the first error, as at the end.
+        while let Some(Ok(event)) = watcher.next().await {
+            match event {
+                Event::Snapshot { .. } => {
                     snapshots.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(Event::Added { container, .. } | Event::Removed { container, .. }) => {
+                Event::Added { container, .. } | Event::Removed { container, .. } => {
                     std::hint::black_box(container);
                     changes.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(_) => {}
-                Err(_) => break,
+                _ => {}
             }
         }
     });

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lookout_client::proto::Container;
-use lookout_client::{Client, ConnectOptions, Event, Filter, Watcher};
+use lookout_client::{Client, ConnectOptions, Event, Filter, OnFailure, Watcher};
 use serde_json::{Value, json};
 
 /// How `lookout get` prints the containers.
@@ -72,14 +72,14 @@ pub async fn watch(socket: &Path, output: WatchOutput, since: u64) -> anyhow::Re
 
 /// Writes each event to `out`, flushed, until writing fails. A closed pipe
 /// (`lookout watch | head`) ends it quietly; a retryable error is warned
-/// about and retried; any other error ends it.
+/// about and retried; any other error ends it (the watcher ends after it).
 pub(crate) async fn print_events(
     mut watcher: Watcher,
     output: WatchOutput,
     out: &mut (impl Write + Send),
 ) -> anyhow::Result<()> {
-    loop {
-        let event = match watcher.next().await {
+    while let Some(next) = watcher.next().await {
+        let event = match next {
             Ok(event) => event,
             Err(error) if error.is_retryable() => {
                 let error = anyhow::Error::new(error);
@@ -95,6 +95,9 @@ pub(crate) async fn print_events(
             return ignore_closed_pipe(Err(error));
         }
     }
+    // N.B. unreached: a watcher ends only after an error that is not
+    // retryable, returned above.
+    Ok(())
 }
 
 /// What `lookout gate` subscribes with and how it answers.
@@ -102,7 +105,8 @@ pub(crate) async fn print_events(
 pub struct GateOptions {
     /// The subscription's name.
     pub name: String,
-    /// How long the agent waits for each decision.
+    /// How long the agent waits for each decision (zero: the agent's
+    /// default).
     pub deadline: Duration,
     /// Deny when no decision comes in time.
     pub fail_closed: bool,
@@ -120,19 +124,17 @@ pub struct GateOptions {
 /// closes.
 pub async fn gate(socket: &Path, opts: GateOptions) -> anyhow::Result<()> {
     let client = Client::connect_with(socket, connect_options()).await?;
-    let policy = if opts.fail_closed {
-        lookout_client::proto::FailurePolicy::FailClosed
+    let on_failure = if opts.fail_closed {
+        OnFailure::FailClosed
     } else {
-        lookout_client::proto::FailurePolicy::FailOpen
+        OnFailure::FailOpen
     };
-    let mut gate = client
-        .gate(lookout_client::proto::Subscribe {
-            name: opts.name.clone(),
-            filter: Some(Filter::all().into_proto()),
-            deadline_ms: u32::try_from(opts.deadline.as_millis()).unwrap_or(u32::MAX),
-            on_failure: policy.into(),
-        })
-        .await?;
+    // N.B. `lookout_client::GateOptions`, what the agent is asked for; this
+    // module's `GateOptions` also says how the CLI answers.
+    let subscription = lookout_client::GateOptions::new(opts.name.clone())
+        .deadline(opts.deadline)
+        .on_failure(on_failure);
+    let mut gate = client.gate(subscription).await?;
     eprintln!(
         "lookout gate: subscribed as {:?}, deadline {} ms",
         gate.name(),

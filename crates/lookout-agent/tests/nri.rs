@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use lookout_api::v1::FailurePolicy;
+use lookout_client::{Filter, GateOptions, OnFailure};
 use lookout_testsupport::cri::{BUSYBOX_IMAGE, CriNode, Pod, PodSpec, require_cri};
 use lookout_testsupport::{bundle, require_program};
 use serde_json::Value;
@@ -329,7 +329,7 @@ fn stalled_subscriber(
     agent: &Agent,
     name: &str,
     namespace: &str,
-    policy: FailurePolicy,
+    policy: OnFailure,
 ) -> std::sync::mpsc::Receiver<String> {
     let socket = agent.socket().to_path_buf();
     let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
@@ -344,18 +344,11 @@ fn stalled_subscriber(
             let client = lookout_client::Client::connect(&socket)
                 .await
                 .expect("connect");
-            let mut gate = client
-                .gate(lookout_api::v1::Subscribe {
-                    name,
-                    filter: Some(lookout_api::v1::Filter {
-                        namespaces: vec![ns],
-                        ..Default::default()
-                    }),
-                    deadline_ms: 0,
-                    on_failure: policy as i32,
-                })
-                .await
-                .expect("subscribe");
+            // The agent's deadline (none asked).
+            let options = GateOptions::new(name)
+                .filter(Filter::all().namespace(ns))
+                .on_failure(policy);
+            let mut gate = client.gate(options).await.expect("subscribe");
             let _ = ready_tx.send(());
             let mut kept = Vec::new();
             while let Some(Ok(hold)) = gate.next().await {
@@ -398,7 +391,7 @@ fn a_stalled_gate_subscriber_costs_one_start_not_every_start() {
     let node = CriNode::start().expect("start the CRI node");
     let agent = agent(&node, true, &[]);
     let namespace = format!("stalled-{}", std::process::id());
-    let seen = stalled_subscriber(&agent, "stalled", &namespace, FailurePolicy::FailOpen);
+    let seen = stalled_subscriber(&agent, "stalled", &namespace, OnFailure::FailOpen);
     let mut kubelet = node.kubelet().expect("CRI client");
     let mut pods = Vec::new();
     for i in 0..3 {
@@ -602,18 +595,11 @@ fn a_gate_subscriber_answers_through_nri_before_the_first_instruction() {
             let client = lookout_client::Client::connect(&socket)
                 .await
                 .expect("connect");
-            let mut gate = client
-                .gate(lookout_api::v1::Subscribe {
-                    name: "tracer".into(),
-                    filter: Some(lookout_api::v1::Filter {
-                        namespaces: vec![ns],
-                        ..Default::default()
-                    }),
-                    deadline_ms: 1000,
-                    on_failure: FailurePolicy::FailOpen as i32,
-                })
-                .await
-                .expect("subscribe");
+            let options = GateOptions::new("tracer")
+                .filter(Filter::all().namespace(ns))
+                .deadline(Duration::from_secs(1))
+                .on_failure(OnFailure::FailOpen);
+            let mut gate = client.gate(options).await.expect("subscribe");
             let _ = ready_tx.send(());
             while let Some(Ok(hold)) = gate.next().await {
                 let c = hold.container().clone();
@@ -679,7 +665,7 @@ fn a_fail_closed_gate_that_misses_the_runtimes_deadline_denies_the_start() {
     let node = CriNode::start().expect("start the CRI node");
     let agent = agent(&node, true, &[]);
     let namespace = format!("closed-{}", std::process::id());
-    let seen = stalled_subscriber(&agent, "strict", &namespace, FailurePolicy::FailClosed);
+    let seen = stalled_subscriber(&agent, "strict", &namespace, OnFailure::FailClosed);
     let mut kubelet = node.kubelet().expect("CRI client");
     let mut pods = Vec::new();
     for i in 0..2 {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lookout_client::{Client, Event, Filter};
+use lookout_client::{Client, Event, Filter, GateOptions, OnFailure};
 use lookout_testsupport::bundle;
 
 mod common;
@@ -37,12 +37,13 @@ impl Seen {
         let task = rt.spawn(async move {
             let client = Client::connect(&socket).await.expect("connect");
             let mut w = client.watch(Filter::all()).await.expect("watch");
-            loop {
-                match w.next().await {
+            while let Some(next) = w.next().await {
+                match next {
                     Ok(e) => sink.lock().expect("lock").push(e),
                     Err(e) => panic!("the watcher gave up: {e}"),
                 }
             }
+            panic!("the watcher ended");
         });
         Seen { events, task }
     }
@@ -483,12 +484,10 @@ fn no_start_escapes_a_fail_closed_gate_through_the_handover() {
         let (held_back, go) = (held_back.clone(), Arc::clone(&answer_held_back));
         tokio.spawn(async move {
             let client = Client::connect(&path).await.expect("connect");
-            let sub = lookout_api::v1::Subscribe {
-                name: "upgrade-test".into(),
-                filter: Some(Filter::all().runtime("runc").into_proto()),
-                deadline_ms: 5000,
-                on_failure: lookout_api::v1::FailurePolicy::FailClosed.into(),
-            };
+            let sub = GateOptions::new("upgrade-test")
+                .filter(Filter::all().runtime("runc"))
+                .deadline(Duration::from_secs(5))
+                .on_failure(OnFailure::FailClosed);
             let mut gate = client.gate(sub).await.expect("gate");
             let mut first_held_back = true;
             while let Some(guard) = gate.next().await {

@@ -12,8 +12,9 @@
 //! ```
 
 use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
 
-use lookout_client::{Client, Filter, proto};
+use lookout_client::{Client, Filter, GateOptions, OnFailure};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lookout_client::Error> {
@@ -24,14 +25,12 @@ async fn main() -> Result<(), lookout_client::Error> {
         .nth(1)
         .unwrap_or_else(|| lookout_client::DEFAULT_SOCKET.to_owned());
     let client = Client::connect(&socket).await?;
-    let subscribe = proto::Subscribe {
-        name: "example-gate".into(),
-        filter: Some(Filter::all().into()),
-        deadline_ms: 1000,
+    let options = GateOptions::new("example-gate")
+        .filter(Filter::all())
+        .deadline(Duration::from_secs(1))
         // If this example dies, starts go on.
-        on_failure: proto::FailurePolicy::FailOpen.into(),
-    };
-    let mut gate = client.gate(subscribe).await?;
+        .on_failure(OnFailure::FailOpen);
+    let mut gate = client.gate(options).await?;
     println!(
         "subscribed as {:?}; the agent waits {:?} for each answer",
         gate.name(),
@@ -64,6 +63,7 @@ async fn main() -> Result<(), lookout_client::Error> {
         // (Dropping `hold` unanswered would allow it too, with a warning.)
         hold.allow()?;
     }
+    // `None`: the agent ended the gate and none took it again in time.
     println!("the agent ended the gate");
     Ok(())
 }

@@ -21,8 +21,10 @@ async fn main() -> Result<(), lookout_client::Error> {
     let mut watcher = client.watch(Filter::all()).await?;
     // The consumer's state: replaced by a snapshot, updated by changes.
     let mut mirror: BTreeMap<String, Container> = BTreeMap::new();
-    loop {
-        let event = match watcher.next().await {
+    // `None` only after an error that would repeat, which this loop
+    // returns first: the watcher outlives agent restarts.
+    while let Some(event) = watcher.next().await {
+        let event = match event {
             Ok(event) => event,
             // The agent has been gone longer than the retry window; keep
             // trying (a watcher resumes where it was).
@@ -74,4 +76,5 @@ async fn main() -> Result<(), lookout_client::Error> {
             _ => {}
         }
     }
+    Ok(())
 }

@@ -6,7 +6,7 @@ use lookout_api::v1::{self, lookout_client::LookoutClient};
 use tonic::transport::Channel;
 
 use crate::connect::{self, ConnectOptions};
-use crate::{Error, Filter, Gate, Watcher};
+use crate::{Error, Filter, Gate, GateOptions, Watcher};
 
 /// A connection to the agent's API socket. Cheap to clone: clones share
 /// the connection (HTTP/2 multiplexes their calls).
@@ -86,9 +86,9 @@ impl Client {
         Ok((response.revision, response.containers))
     }
 
-    /// Watches the containers matching `filter`: an [`crate::Event::Snapshot`]
-    /// of those live now, then every change. See [`Watcher`] for how it
-    /// survives agent restarts.
+    /// Watches the containers matching `filter`: a stream of an
+    /// [`crate::Event::Snapshot`] of those live now, then every change. See
+    /// [`Watcher`] for how it survives agent restarts and when it ends.
     pub async fn watch(&self, filter: Filter) -> Result<Watcher, Error> {
         self.watch_since(filter, 0).await
     }
@@ -107,33 +107,42 @@ impl Client {
         .await
     }
 
-    /// Subscribes to the gate: sends `subscribe`, waits for the agent's
-    /// `Subscribed`, and returns the [`Gate`] that yields a [`crate::HoldGuard`]
-    /// per matching container start.
+    /// Subscribes to the gate with `options`: sends their `Subscribe`,
+    /// waits for the agent's `Subscribed`, and returns the [`Gate`], a
+    /// stream of one [`crate::HoldGuard`] per matching container start.
+    /// See [`Gate`] for how it survives agent restarts and when it ends.
     ///
     /// ```no_run
-    /// use lookout_client::{Client, Filter, proto};
+    /// use std::time::Duration;
+    /// use lookout_client::{Client, Filter, GateOptions, OnFailure};
     /// # async fn f(client: Client) -> Result<(), lookout_client::Error> {
-    /// let subscribe = proto::Subscribe {
-    ///     name: "tracer".into(),
-    ///     filter: Some(Filter::all().namespace("payments").into()),
-    ///     deadline_ms: 500,
-    ///     on_failure: proto::FailurePolicy::FailOpen.into(),
-    /// };
-    /// let mut gate = client.gate(subscribe).await?;
+    /// let options = GateOptions::new("tracer")
+    ///     .filter(Filter::all().namespace("payments"))
+    ///     .deadline(Duration::from_millis(500))
+    ///     .on_failure(OnFailure::FailOpen);
+    /// let mut gate = client.gate(options).await?;
+    /// while let Some(hold) = gate.next().await {
+    ///     hold?.allow()?;
+    /// }
     /// # Ok(()) }
     /// ```
+    ///
+    /// A `Subscribe` built as a protobuf message converts:
+    /// `client.gate(subscribe.into())`.
     ///
     /// # Errors
     ///
     /// [`Error::Rpc`] with `PERMISSION_DENIED` when this peer is neither
-    /// root nor allow-listed by the agent.
-    pub async fn gate(&self, subscribe: v1::Subscribe) -> Result<Gate, Error> {
+    /// root nor allow-listed by the agent, with `INVALID_ARGUMENT` for an
+    /// `on_failure` the agent does not know; the connection errors of
+    /// [`Client::connect`] when the agent stays unreachable for
+    /// [`ConnectOptions::retry_for`].
+    pub async fn gate(&self, options: GateOptions) -> Result<Gate, Error> {
         Gate::subscribe(
             self.grpc.clone(),
             self.path.clone(),
             self.options.clone(),
-            subscribe,
+            options.into_proto(),
         )
         .await
     }

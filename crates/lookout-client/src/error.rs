@@ -71,8 +71,9 @@ pub enum Error {
         status: tonic::Status,
     },
     /// The agent sent something the contract does not allow (a `Hold`
-    /// before `Subscribed`, an `ADDED` event without a container, ...). The
-    /// stream is dropped; a [`crate::Watcher`] reconnects on its next call.
+    /// before `Subscribed`, an `ADDED` event without a container, ...). Not
+    /// retryable: a [`crate::Watcher`] drops its stream and ends after it; a
+    /// [`crate::Gate`] passes it on for the one malformed hold and goes on.
     #[error("lookout.v1.Lookout/{rpc}: the agent broke the protocol: {detail}")]
     Protocol {
         /// The RPC: `List`, `Watch` or `Gate`.

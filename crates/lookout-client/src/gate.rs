@@ -1,8 +1,13 @@
-//! `Gate`: holds on container starts, answered through guards.
+//! `Gate`: a stream of holds on container starts, answered through guards.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::Stream;
+use futures::stream::FusedStream;
 use lookout_api::v1::{self, gate_request, gate_response, lookout_client::LookoutClient};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -11,39 +16,68 @@ use tonic::transport::Channel;
 
 use crate::Error;
 use crate::connect::{self, ConnectOptions};
+use crate::step::{Driver, Machine, Step};
 
 /// The reason sent for a held guard dropped without an answer.
 pub const DROPPED_UNANSWERED: &str = "dropped unanswered";
 
-/// A subscription to the agent's gate: a stream of [`HoldGuard`]s, one per
-/// container start that matches the subscription's filter. Made by
-/// [`crate::Client::gate`].
+/// A subscription to the agent's gate: a [`Stream`] of [`HoldGuard`]s, one
+/// per container start that matches the subscription's filter. Made by
+/// [`crate::Client::gate`] from [`crate::GateOptions`].
+///
+/// Read it with [`Gate::next`], or with any `Stream` combinator
+/// ([`futures::StreamExt`], `tokio_stream::StreamExt`).
 ///
 /// Keep the `Gate` alive while answering: when it goes, the agent sees the
 /// subscriber leave and applies the subscription's
-/// [failure policy](v1::FailurePolicy) to every hold still open.
+/// [failure policy](crate::OnFailure) to every hold still open.
 ///
 /// # Recovery
 ///
 /// When the agent ends the gate (it shuts down, or is replaced by a
-/// rollout) or the stream drops, [`Gate::next`] redials the socket and
-/// subscribes again under the same name, for
+/// rollout) or the stream drops, the gate redials the socket and
+/// subscribes again with the same [`crate::GateOptions`], for
 /// [`ConnectOptions::retry_for`]. A new agent that took over from the old
 /// one keeps the old one's subscriptions for a while and holds the starts
 /// they would hold until their subscribers are back: the holds queued
 /// meanwhile arrive right after the new subscription, and none escapes a
 /// fail-closed gate. Guards from the old stream can no longer be answered
 /// (their agent is gone; the new one asks again).
-#[derive(Debug)]
+///
+/// If the stream *dropped* and subscribing again fails for the whole
+/// window, the gate yields that error ([`Error::is_retryable`] is true),
+/// and polling it again starts retrying anew.
+///
+/// # End of the stream
+///
+/// The gate ends ([`Gate::next`] returns `None`, for good):
+///
+/// - when the agent ended the gate itself and no agent took the
+///   subscription again within the retry window (the agent was stopped or
+///   removed, not replaced);
+/// - right after it yielded an error that is not retryable: the agent
+///   refused the subscription (`PERMISSION_DENIED`: this peer is neither
+///   root nor allow-listed) or failed the stream with a code that would
+///   repeat.
+///
+/// A malformed hold ([`Error::Protocol`]) is yielded as an error and the
+/// gate goes on with the next one.
 pub struct Gate {
+    /// The confirmed name and deadline, kept here because the state is
+    /// inside the step's future while a step runs.
     name: String,
     deadline: Duration,
-    responses: Streaming<v1::GateResponse>,
-    requests: mpsc::UnboundedSender<v1::GateRequest>,
-    /// What resubscribing needs.
-    path: PathBuf,
-    options: ConnectOptions,
-    subscribe: v1::Subscribe,
+    driver: Driver<Subscription>,
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("name", &self.name)
+            .field("deadline", &self.deadline)
+            .field("state", &self.driver)
+            .finish()
+    }
 }
 
 impl Gate {
@@ -55,134 +89,130 @@ impl Gate {
         options: ConnectOptions,
         subscribe: v1::Subscribe,
     ) -> Result<Self, Error> {
-        let (name, deadline, responses, requests) =
-            connect::retry(&options, || Gate::open(client.clone(), subscribe.clone())).await?;
+        let opened = connect::retry(&options, || open(client.clone(), subscribe.clone())).await?;
         Ok(Self {
-            name,
-            deadline,
-            responses,
-            requests,
-            path,
-            options,
-            subscribe,
+            name: opened.name.clone(),
+            deadline: opened.deadline,
+            driver: Driver::new(Subscription {
+                name: opened.name,
+                deadline: opened.deadline,
+                live: Some(opened.live),
+                path,
+                options,
+                subscribe,
+            }),
         })
     }
 
-    /// Redials and subscribes again (see [Recovery](Gate#recovery)).
-    async fn resubscribe(&mut self) -> Result<(), Error> {
-        let (path, subscribe) = (&self.path, &self.subscribe);
-        let (name, deadline, responses, requests) = connect::retry(&self.options, || async move {
-            let channel = connect::dial(path).await?;
-            let client = LookoutClient::new(channel);
-            Gate::open(client, subscribe.clone()).await
-        })
-        .await?;
-        tracing::info!(gate = name, "subscribed again to the agent's gate");
-        (self.name, self.deadline, self.responses, self.requests) =
-            (name, deadline, responses, requests);
-        Ok(())
-    }
-
-    /// Sends `subscribe` and waits for the agent's `Subscribed`.
-    async fn open(
-        mut client: LookoutClient<Channel>,
-        subscribe: v1::Subscribe,
-    ) -> Result<
-        (
-            String,
-            Duration,
-            Streaming<v1::GateResponse>,
-            mpsc::UnboundedSender<v1::GateRequest>,
-        ),
-        Error,
-    > {
-        let (requests, outgoing) = mpsc::unbounded_channel();
-        send(
-            &requests,
-            v1::GateRequest {
-                msg: Some(gate_request::Msg::Subscribe(subscribe)),
-            },
-        )?;
-        let mut responses = client
-            .gate(UnboundedReceiverStream::new(outgoing))
-            .await
-            .map_err(|status| Error::Rpc {
-                rpc: "Gate",
-                status,
-            })?
-            .into_inner();
-        let subscribed = match responses.message().await {
-            Ok(Some(v1::GateResponse {
-                msg: Some(gate_response::Msg::Subscribed(subscribed)),
-            })) => subscribed,
-            Ok(Some(other)) => {
-                return Err(Error::Protocol {
-                    rpc: "Gate",
-                    detail: format!("expected Subscribed first, got {other:?}"),
-                });
-            }
-            Ok(None) => {
-                return Err(Error::Protocol {
-                    rpc: "Gate",
-                    detail: "the agent ended the gate before Subscribed".to_owned(),
-                });
-            }
-            Err(status) => {
-                return Err(Error::Rpc {
-                    rpc: "Gate",
-                    status,
-                });
-            }
-        };
-        Ok((
-            subscribed.name,
-            Duration::from_millis(u64::from(subscribed.deadline_ms)),
-            responses,
-            requests,
-        ))
-    }
-
-    /// The subscription's name, as the agent confirmed it.
+    /// The subscription's name, as the agent confirmed it (it keeps
+    /// `[A-Za-z0-9-_.:/]`, at most 64 of them).
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// How long the agent waits for each decision before applying the
-    /// failure policy.
+    /// failure policy, as it confirmed it (its default for none asked,
+    /// lowered to its `--gate-max-deadline`).
     pub fn deadline(&self) -> Duration {
         self.deadline
     }
 
     /// The next hold, subscribing again when the stream ends or drops (see
-    /// [Recovery](Gate#recovery)). `None` when the agent ended the gate and
-    /// no agent took the subscription again within the retry window; an
-    /// error when the stream failed and resubscribing did too, or the
-    /// error cannot be retried.
+    /// [Recovery](Gate#recovery)). The same as
+    /// [`StreamExt::next`](futures::StreamExt::next), without the import.
+    ///
+    /// `None` when the gate ended for good (see
+    /// [End of the stream](Gate#end-of-the-stream)).
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe while waiting for a hold: no hold is lost if the future
-    /// is dropped before it completes. A resubscription cut short starts
-    /// over on the next call.
+    /// Cancel-safe: the work in progress (waiting for a hold, subscribing
+    /// again) stays in the gate, and the next call goes on with it. No hold
+    /// is lost, so it can be used in `tokio::select!` or under a timeout.
     pub async fn next(&mut self) -> Option<Result<HoldGuard, Error>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+}
+
+impl Stream for Gate {
+    type Item = Result<HoldGuard, Error>;
+
+    /// See [`Gate::next`]: the same stream, the same cancel safety.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let (name, deadline) = (&mut this.name, &mut this.deadline);
+        this.driver.poll_next(cx, |subscription| {
+            if *name != subscription.name {
+                name.clone_from(&subscription.name);
+            }
+            *deadline = subscription.deadline;
+        })
+    }
+}
+
+impl FusedStream for Gate {
+    fn is_terminated(&self) -> bool {
+        self.driver.is_done()
+    }
+}
+
+/// The gate's state between holds, moved into each step: the live
+/// exchange with the agent and what subscribing again needs.
+#[derive(Debug)]
+struct Subscription {
+    /// As the agent confirmed it.
+    name: String,
+    deadline: Duration,
+    /// The exchange with the agent; `None` once it ended, until subscribed
+    /// again.
+    live: Option<Live>,
+    path: PathBuf,
+    options: ConnectOptions,
+    subscribe: v1::Subscribe,
+}
+
+impl Machine for Subscription {
+    type Item = Result<HoldGuard, Error>;
+
+    async fn step(mut self) -> (Self, Step<Self::Item>) {
+        let step = self.next_step().await;
+        (self, step)
+    }
+}
+
+impl Subscription {
+    /// Reads (and subscribes again) until a hold can be passed on, or an
+    /// error must be.
+    async fn next_step(&mut self) -> Step<Result<HoldGuard, Error>> {
         loop {
-            let response = match self.responses.message().await {
+            let Some(live) = self.live.as_mut() else {
+                // The stream dropped: subscribe again, and say so if the
+                // agent does not come back in time.
+                match self.resubscribe().await {
+                    Ok(()) => continue,
+                    Err(e) if e.is_retryable() => return Step::Yield(Err(e)),
+                    Err(e) => return Step::Last(Err(e)),
+                }
+            };
+            let response = match live.responses.message().await {
                 Ok(Some(response)) => response,
                 Ok(None) => {
                     tracing::info!(
                         gate = self.name,
                         "the agent ended the gate; subscribing again"
                     );
+                    self.end_exchange();
                     match self.resubscribe().await {
                         Ok(()) => continue,
-                        Err(e) => {
+                        Err(e) if e.is_retryable() => {
                             tracing::warn!(
                                 gate = self.name,
                                 error = %crate::error::chain(&e),
                                 "no agent took the gate again"
                             );
-                            return None;
+                            return Step::End;
                         }
+                        Err(e) => return Step::Last(Err(e)),
                     }
                 }
                 Err(status) if crate::error::code_is_retryable(status.code()) => {
@@ -192,22 +222,21 @@ impl Gate {
                         message = status.message(),
                         "the gate's stream dropped; subscribing again"
                     );
-                    match self.resubscribe().await {
-                        Ok(()) => continue,
-                        Err(e) => return Some(Err(e)),
-                    }
+                    self.end_exchange();
+                    continue;
                 }
                 Err(status) => {
-                    return Some(Err(Error::Rpc {
+                    self.end_exchange();
+                    return Step::Last(Err(Error::Rpc {
                         rpc: "Gate",
                         status,
                     }));
                 }
             };
             match response.msg {
-                Some(gate_response::Msg::Hold(hold)) => return Some(self.guard(hold)),
+                Some(gate_response::Msg::Hold(hold)) => return Step::Yield(live.guard(hold)),
                 Some(gate_response::Msg::Subscribed(_)) => {
-                    return Some(Err(Error::Protocol {
+                    return Step::Yield(Err(Error::Protocol {
                         rpc: "Gate",
                         detail: "a second Subscribed".to_owned(),
                     }));
@@ -218,6 +247,31 @@ impl Gate {
         }
     }
 
+    /// Redials and subscribes again (see [Recovery](Gate#recovery)).
+    async fn resubscribe(&mut self) -> Result<(), Error> {
+        let (path, subscribe) = (&self.path, &self.subscribe);
+        let opened = connect::retry(&self.options, || async move {
+            let channel = connect::dial(path).await?;
+            open(LookoutClient::new(channel), subscribe.clone()).await
+        })
+        .await?;
+        tracing::info!(gate = opened.name, "subscribed again to the agent's gate");
+        self.name = opened.name;
+        self.deadline = opened.deadline;
+        self.live = Some(opened.live);
+        Ok(())
+    }
+
+    /// Drops the exchange that ended: this side's half too, so that an
+    /// agent draining for shutdown does not wait for it (guards still held
+    /// keep it open until they go).
+    fn end_exchange(&mut self) {
+        self.live = None;
+    }
+}
+
+impl Live {
+    /// The guard for `hold`, answered through this exchange.
     fn guard(&self, hold: v1::Hold) -> Result<HoldGuard, Error> {
         if hold.held && hold.hold_id == 0 {
             return Err(Error::Protocol {
@@ -248,6 +302,75 @@ impl Gate {
             answer,
         })
     }
+}
+
+/// A subscribed `Gate` stream, as the agent confirmed it.
+struct Opened {
+    name: String,
+    deadline: Duration,
+    live: Live,
+}
+
+/// Both halves of one `Gate` call.
+#[derive(Debug)]
+struct Live {
+    /// Holds from the agent.
+    responses: Streaming<v1::GateResponse>,
+    /// Where decisions go: each held guard has a clone.
+    requests: mpsc::UnboundedSender<v1::GateRequest>,
+}
+
+/// Sends `subscribe` and waits for the agent's `Subscribed`.
+async fn open(
+    mut client: LookoutClient<Channel>,
+    subscribe: v1::Subscribe,
+) -> Result<Opened, Error> {
+    let (requests, outgoing) = mpsc::unbounded_channel();
+    send(
+        &requests,
+        v1::GateRequest {
+            msg: Some(gate_request::Msg::Subscribe(subscribe)),
+        },
+    )?;
+    let mut responses = client
+        .gate(UnboundedReceiverStream::new(outgoing))
+        .await
+        .map_err(|status| Error::Rpc {
+            rpc: "Gate",
+            status,
+        })?
+        .into_inner();
+    let subscribed = match responses.message().await {
+        Ok(Some(v1::GateResponse {
+            msg: Some(gate_response::Msg::Subscribed(subscribed)),
+        })) => subscribed,
+        Ok(Some(other)) => {
+            return Err(Error::Protocol {
+                rpc: "Gate",
+                detail: format!("expected Subscribed first, got {other:?}"),
+            });
+        }
+        Ok(None) => {
+            return Err(Error::Protocol {
+                rpc: "Gate",
+                detail: "the agent ended the gate before Subscribed".to_owned(),
+            });
+        }
+        Err(status) => {
+            return Err(Error::Rpc {
+                rpc: "Gate",
+                status,
+            });
+        }
+    };
+    Ok(Opened {
+        name: subscribed.name,
+        deadline: Duration::from_millis(u64::from(subscribed.deadline_ms)),
+        live: Live {
+            responses,
+            requests,
+        },
+    })
 }
 
 /// One container start reported by a [`Gate`].

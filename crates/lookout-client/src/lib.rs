@@ -7,16 +7,24 @@
 //!   retrying while the agent starts ([`ConnectOptions`]), and says clearly
 //!   when the socket is missing or not accessible.
 //! - [`Client::list`] returns the containers now and their revision.
-//! - [`Client::watch`] returns a [`Watcher`]: typed [`Event`]s, with a
-//!   `SNAPSHOT ... SNAPSHOT_END` sequence collapsed into one
-//!   [`Event::Snapshot`] holding the full set. When the stream drops (agent
-//!   restart, slow-consumer disconnect) it redials and resumes from the last
-//!   revision, with no event lost or repeated.
-//! - [`Client::gate`] returns a [`Gate`]: a [`HoldGuard`] per container start,
-//!   answered with [`HoldGuard::allow`] or [`HoldGuard::deny`]. A held guard
-//!   dropped unanswered allows the start (fail-open on drop).
+//! - [`Client::watch`] returns a [`Watcher`], a [`Stream`](futures::Stream)
+//!   of typed [`Event`]s, with a `SNAPSHOT ... SNAPSHOT_END` sequence
+//!   collapsed into one [`Event::Snapshot`] holding the full set. When the
+//!   stream drops (agent restart, slow-consumer disconnect) it redials and
+//!   resumes from the last revision, with no event lost or repeated.
+//! - [`Client::gate`] subscribes with [`GateOptions`] (name, [`Filter`],
+//!   deadline, [`OnFailure`] policy) and returns a [`Gate`], a `Stream` of
+//!   one [`HoldGuard`] per container start, answered with
+//!   [`HoldGuard::allow`] or [`HoldGuard::deny`]. A held guard dropped
+//!   unanswered allows the start (fail-open on drop).
 //! - [`Filter`] builds the filter the agent applies.
 //! - [`proto`] is the generated `lookout.v1` code ([`proto::Container`], ...).
+//!
+//! `Watcher` and `Gate` are read alike: an inherent `next()` (no import
+//! needed), or any [`futures::StreamExt`] / `tokio_stream::StreamExt`
+//! combinator. Both yield `Result`s and end (`None`) only when going on
+//! cannot help; both are cancel-safe (see their `# End of the stream` and
+//! `next` docs).
 //!
 //! All failures are one [`Error`]; [`Error::is_retryable`] says whether
 //! trying again can help.
@@ -29,15 +37,15 @@
 //! # async fn f() -> Result<(), lookout_client::Error> {
 //! let client = Client::connect(lookout_client::DEFAULT_SOCKET).await?;
 //! let mut watcher = client.watch(Filter::all().namespace("payments")).await?;
-//! loop {
-//!     match watcher.next().await? {
+//! while let Some(event) = watcher.next().await {
+//!     match event? {
 //!         Event::Snapshot { containers, .. } => println!("{} running", containers.len()),
 //!         Event::Added { container, .. } => println!("+ {} pid {}", container.id, container.pid),
 //!         Event::Removed { container, .. } => println!("- {}", container.id),
 //!         _ => {}
 //!     }
 //! }
-//! # }
+//! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
 
@@ -46,6 +54,8 @@ mod connect;
 mod error;
 mod filter;
 mod gate;
+mod gate_options;
+mod step;
 mod watch;
 
 pub use client::Client;
@@ -53,6 +63,7 @@ pub use connect::{ConnectOptions, DEFAULT_SOCKET};
 pub use error::Error;
 pub use filter::Filter;
 pub use gate::{DROPPED_UNANSWERED, Gate, HoldGuard};
+pub use gate_options::{GateOptions, OnFailure};
 pub use watch::{Event, Watcher};
 
 /// The generated `lookout.v1` messages and gRPC stubs (from

@@ -1,7 +1,13 @@
-//! `Watch`: typed events, snapshots collapsed, resumed after a drop.
+//! `Watch`: a stream of typed events, snapshots collapsed, resumed after a
+//! drop.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
+use futures::Stream;
+use futures::stream::FusedStream;
 use lookout_api::v1::{self, lookout_client::LookoutClient, watch_event::Kind};
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
@@ -9,6 +15,7 @@ use tonic::transport::Channel;
 use crate::Error;
 use crate::connect::{self, Backoff, ConnectOptions};
 use crate::error::code_is_retryable;
+use crate::step::{Driver, Machine, Step};
 
 /// The largest message the client accepts (the agent bounds each
 /// container's annotations at 256 KiB, so a `List` of many containers can
@@ -214,32 +221,71 @@ impl Fold {
     }
 }
 
-/// A `Watch` that survives the agent: typed [`Event`]s, snapshots
-/// collapsed into one event, and resumption after a dropped stream. Made by
-/// [`crate::Client::watch`] and [`crate::Client::watch_since`].
+/// A `Watch` that survives the agent: a [`Stream`] of typed [`Event`]s,
+/// with snapshots collapsed into one event, resumed after a dropped stream.
+/// Made by [`crate::Client::watch`] and [`crate::Client::watch_since`].
+///
+/// Read it with [`Watcher::next`], or with any `Stream` combinator
+/// ([`futures::StreamExt`], `tokio_stream::StreamExt`).
+///
+/// ```no_run
+/// use futures::{StreamExt, TryStreamExt};
+/// use lookout_client::{Client, Event, Filter};
+///
+/// # async fn f(client: Client) -> Result<(), lookout_client::Error> {
+/// let watcher = client.watch(Filter::all()).await?;
+/// // The first three containers added, failing on the first error.
+/// let added: Vec<String> = watcher
+///     .try_filter_map(|event| async move {
+///         Ok(match event {
+///             Event::Added { container, .. } => Some(container.id),
+///             _ => None,
+///         })
+///     })
+///     .take(3)
+///     .try_collect()
+///     .await?;
+/// # Ok(()) }
+/// ```
 ///
 /// # Recovery
 ///
 /// When the stream drops (the agent restarts, or disconnects this consumer
-/// with `RESOURCE_EXHAUSTED` for not keeping up), [`Watcher::next`] redials
-/// the socket and resumes with `since` = [`Watcher::revision`]. The agent
-/// then sends the changes after it, which are neither lost nor passed on
-/// twice (changes at or below the last revision are skipped), or, if it no
-/// longer has them, a fresh [`Event::Snapshot`]. Each outage is retried for
-/// [`ConnectOptions::retry_for`]; after that `next` returns the error, and
-/// calling it again starts retrying anew. Non-retryable errors
-/// (`PERMISSION_DENIED`, `INVALID_ARGUMENT`, ...) are returned at once.
-#[derive(Debug)]
+/// with `RESOURCE_EXHAUSTED` for not keeping up, or ends the stream), the
+/// watcher redials the socket and resumes with `since` =
+/// [`Watcher::revision`]. The agent then sends the changes after it, which
+/// are neither lost nor passed on twice (changes at or below the last
+/// revision are skipped), or, if it no longer has them, a fresh
+/// [`Event::Snapshot`]. Each outage is retried for
+/// [`ConnectOptions::retry_for`]; after that the watcher yields the error
+/// ([`Error::is_retryable`] is true), and polling it again starts retrying
+/// anew.
+///
+/// # End of the stream
+///
+/// The watcher ends ([`Watcher::next`] returns `None`, for good) only
+/// right after it yielded an error that is not retryable, one that would
+/// repeat: the socket refuses this process ([`Error::PermissionDenied`]),
+/// the agent refuses the watch (`PERMISSION_DENIED`, `INVALID_ARGUMENT`,
+/// `UNIMPLEMENTED`, ...), or its stream broke the contract
+/// ([`Error::Protocol`]). Agent restarts and rollouts never end it. To try
+/// again after such an error anyway, watch anew from where this one was:
+/// [`Client::watch_since`](crate::Client::watch_since)`(filter,
+/// watcher.revision())`.
 pub struct Watcher {
-    path: PathBuf,
-    options: ConnectOptions,
-    filter: v1::Filter,
-    fold: Fold,
-    stream: Option<Streaming<v1::WatchEvent>>,
-    /// Pauses between reconnects while no event gets through.
-    backoff: Backoff,
-    /// Streams dropped since the last event passed on.
-    drops: u32,
+    /// The last revision passed on, kept here because the state is inside
+    /// the step's future while a step runs.
+    revision: u64,
+    driver: Driver<Watching>,
+}
+
+impl fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watcher")
+            .field("revision", &self.revision)
+            .field("state", &self.driver)
+            .finish()
+    }
 }
 
 impl Watcher {
@@ -254,58 +300,120 @@ impl Watcher {
         let stream =
             connect::retry(&options, || start(client.clone(), filter.clone(), since)).await?;
         Ok(Self {
-            path,
-            backoff: options.backoff(),
-            options,
-            filter,
-            fold: Fold::new(since),
-            stream: Some(stream),
-            drops: 0,
+            revision: since,
+            driver: Driver::new(Watching {
+                path,
+                backoff: options.backoff(),
+                options,
+                filter,
+                fold: Fold::new(since),
+                stream: Some(stream),
+                drops: 0,
+            }),
         })
     }
 
     /// The last revision passed on (`since` for the next resume): the
-    /// latest change's, or the latest snapshot's.
+    /// latest change's, or the latest snapshot's; the `since` watched from
+    /// before the first event.
     pub fn revision(&self) -> u64 {
-        self.fold.revision()
+        self.revision
     }
 
     /// The next event, resuming the stream as needed (see
-    /// [Recovery](Watcher#recovery)). The stream never ends on its own.
+    /// [Recovery](Watcher#recovery)). The same as
+    /// [`StreamExt::next`](futures::StreamExt::next), without the import.
+    ///
+    /// `None` only after a non-retryable error (see
+    /// [End of the stream](Watcher#end-of-the-stream)); agent restarts
+    /// never end it.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: a snapshot received in part stays in the watcher, and
-    /// an interrupted reconnect starts over on the next call. No event is
-    /// lost (use it in `tokio::select!`).
-    pub async fn next(&mut self) -> Result<Event, Error> {
+    /// Cancel-safe: the work in progress (a snapshot received in part, a
+    /// reconnect, a backoff pause) stays in the watcher, and the next call
+    /// goes on with it. No event is lost or repeated, so it can be used in
+    /// `tokio::select!` or under a timeout.
+    pub async fn next(&mut self) -> Option<Result<Event, Error>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+}
+
+impl Stream for Watcher {
+    type Item = Result<Event, Error>;
+
+    /// See [`Watcher::next`]: the same stream, the same cancel safety.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let revision = &mut this.revision;
+        this.driver
+            .poll_next(cx, |watching| *revision = watching.fold.revision())
+    }
+}
+
+impl FusedStream for Watcher {
+    fn is_terminated(&self) -> bool {
+        self.driver.is_done()
+    }
+}
+
+/// The watcher's state between events, moved into each step: the resume
+/// rules ([`Fold`]), the live stream, and what reconnecting needs.
+#[derive(Debug)]
+struct Watching {
+    path: PathBuf,
+    options: ConnectOptions,
+    filter: v1::Filter,
+    fold: Fold,
+    /// `None` after a drop, until the reconnect.
+    stream: Option<Streaming<v1::WatchEvent>>,
+    /// Pauses between reconnects while no event gets through.
+    backoff: Backoff,
+    /// Streams dropped since the last event passed on.
+    drops: u32,
+}
+
+impl Machine for Watching {
+    type Item = Result<Event, Error>;
+
+    async fn step(mut self) -> (Self, Step<Self::Item>) {
+        let step = self.next_step().await;
+        (self, step)
+    }
+}
+
+impl Watching {
+    /// Reads (and reconnects) until an event can be passed on, or an
+    /// error must be.
+    async fn next_step(&mut self) -> Step<Result<Event, Error>> {
         loop {
-            if self.stream.is_none() {
-                let stream = self.reopen().await?;
-                self.stream = Some(stream);
-            }
-            let Some(stream) = self.stream.as_mut() else {
-                continue;
+            let stream = match self.stream.as_mut() {
+                Some(stream) => stream,
+                None => match self.reopen().await {
+                    Ok(stream) => self.stream.insert(stream),
+                    Err(error) if error.is_retryable() => return Step::Yield(Err(error)),
+                    Err(error) => return Step::Last(Err(error)),
+                },
             };
             match stream.message().await {
                 Ok(Some(message)) => match self.fold.step(message) {
                     Ok(Some(event)) => {
                         self.drops = 0;
                         self.backoff.reset();
-                        return Ok(event);
+                        return Step::Yield(Ok(event));
                     }
                     Ok(None) => {}
                     Err(detail) => {
                         self.drop_stream();
-                        return Err(Error::Protocol {
+                        return Step::Last(Err(Error::Protocol {
                             rpc: "Watch",
                             detail,
-                        });
+                        }));
                     }
                 },
                 Ok(None) => {
                     tracing::info!(
-                        revision = self.revision(),
+                        revision = self.fold.revision(),
                         "the agent ended the watch, resuming"
                     );
                     self.drop_stream();
@@ -313,15 +421,15 @@ impl Watcher {
                 Err(status) => {
                     self.drop_stream();
                     if !code_is_retryable(status.code()) {
-                        return Err(Error::Rpc {
+                        return Step::Last(Err(Error::Rpc {
                             rpc: "Watch",
                             status,
-                        });
+                        }));
                     }
                     tracing::warn!(
                         code = ?status.code(),
                         message = status.message(),
-                        revision = self.revision(),
+                        revision = self.fold.revision(),
                         "the watch stream dropped, resuming"
                     );
                 }
@@ -341,7 +449,7 @@ impl Watcher {
         if self.drops > 1 {
             tokio::time::sleep(self.backoff.next_pause()).await;
         }
-        let since = self.revision();
+        let since = self.fold.revision();
         let (path, filter) = (&self.path, &self.filter);
         connect::retry(&self.options, || async move {
             // A new connection: the old one may be to an agent that is gone,

@@ -10,7 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::{FakeAgent, container, trace, within};
-use lookout_client::{Client, ConnectOptions, Error, Event, Filter, proto};
+use futures::StreamExt;
+use futures::stream::FusedStream;
+use lookout_client::{Client, ConnectOptions, Error, Event, Filter, GateOptions, OnFailure, proto};
 use tracing::instrument::WithSubscriber;
 
 /// Retries quickly and long enough for any of these tests.
@@ -49,8 +51,18 @@ fn summary(event: &Event) -> (u64, String) {
 async fn next(watcher: &mut lookout_client::Watcher) -> (u64, String) {
     let event = within("a watch event", watcher.next())
         .await
+        .expect("the watcher goes on")
         .expect("an event");
     summary(&event)
+}
+
+/// Both streams stay what they were before they were streams: they can be
+/// moved to other tasks, shared and polled without pinning.
+#[test]
+fn the_streams_are_send_sync_and_unpin() {
+    fn send_sync_unpin<T: Send + Sync + Unpin>() {}
+    send_sync_unpin::<lookout_client::Watcher>();
+    send_sync_unpin::<lookout_client::Gate>();
 }
 
 // --- connect ---
@@ -169,7 +181,10 @@ async fn watch_starts_with_a_snapshot_then_passes_changes() {
     agent.add(container("c", "runc", "default", "web"));
     assert_eq!(next(&mut watcher).await, (3, "added c".into()));
     agent.remove("a", 137);
-    let event = within("removed", watcher.next()).await.expect("an event");
+    let event = within("removed", watcher.next())
+        .await
+        .expect("the watcher goes on")
+        .expect("an event");
     match event {
         Event::Removed {
             revision,
@@ -281,7 +296,8 @@ async fn watch_resumes_across_an_agent_restart() {
     let (mut watcher, event) = within("the watcher to resume", resumed)
         .await
         .expect("task");
-    assert_eq!(summary(&event.expect("resumed")), (2, "added b".into()));
+    let event = event.expect("the watcher goes on").expect("resumed");
+    assert_eq!(summary(&event), (2, "added b".into()));
     agent.add(container("c", "runc", "default", "web"));
     assert_eq!(next(&mut watcher).await, (3, "added c".into()));
     assert_eq!(agent.watch_calls(), [0, 1]);
@@ -313,15 +329,126 @@ async fn a_since_older_than_the_agent_retains_gets_a_snapshot() {
     assert_eq!(next(&mut watcher).await, (7, "added f".into()));
 }
 
+#[tokio::test]
+async fn a_watcher_is_a_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let agent = FakeAgent::start(&socket, 100);
+    agent.add(container("a", "runc", "default", "web"));
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut watcher = client.watch(Filter::all()).await.expect("watch");
+    agent.add(container("b", "runc", "default", "web"));
+    agent.remove("a", 0);
+    let events: Vec<(u64, String)> = within(
+        "three events",
+        watcher
+            .by_ref()
+            .take(3)
+            .map(|event| summary(&event.expect("an event")))
+            .collect(),
+    )
+    .await;
+    assert_eq!(
+        events,
+        [
+            (1, "snapshot a".into()),
+            (2, "added b".into()),
+            (3, "removed a".into())
+        ]
+    );
+    // `by_ref`: the watcher goes on where the combinator stopped.
+    assert_eq!(watcher.revision(), 3);
+    assert!(!watcher.is_terminated());
+}
+
+#[tokio::test]
+async fn a_cancelled_next_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let agent = FakeAgent::start(&socket, 100);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut watcher = client.watch(Filter::all()).await.expect("watch");
+    assert_eq!(next(&mut watcher).await, (0, "snapshot ".into()));
+    // Each `next` is cut short by a timer before the change comes ...
+    for _ in 0..3 {
+        tokio::select! {
+            event = watcher.next() => panic!("no change yet, got {event:?}"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    // ... and none of them took one away.
+    agent.add(container("a", "runc", "default", "web"));
+    agent.add(container("b", "runc", "default", "web"));
+    assert_eq!(next(&mut watcher).await, (1, "added a".into()));
+    assert_eq!(next(&mut watcher).await, (2, "added b".into()));
+    assert_eq!(agent.watch_calls(), [0]);
+}
+
+#[tokio::test]
+async fn an_outage_longer_than_the_window_is_an_error_and_the_watcher_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let mut agent = FakeAgent::start(&socket, 100);
+    agent.add(container("a", "runc", "default", "web"));
+    let briefly = options().retry_for(Duration::from_millis(100));
+    let client = Client::connect_with(&socket, briefly)
+        .await
+        .expect("connect");
+    let mut watcher = client.watch(Filter::all()).await.expect("watch");
+    assert_eq!(next(&mut watcher).await, (1, "snapshot a".into()));
+
+    agent.stop().await;
+    agent.add(container("b", "runc", "default", "web"));
+    let error = within("the window to pass", watcher.next())
+        .await
+        .expect("the watcher goes on")
+        .expect_err("no agent");
+    assert!(matches!(error, Error::SocketMissing { .. }), "{error:?}");
+    assert!(error.is_retryable());
+    assert!(!watcher.is_terminated());
+
+    // Polled again, it tries anew and resumes where it was.
+    agent.serve();
+    assert_eq!(next(&mut watcher).await, (2, "added b".into()));
+}
+
+#[tokio::test]
+async fn a_non_retryable_error_ends_the_watcher() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let agent = FakeAgent::start(&socket, 100);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut watcher = client.watch(Filter::all()).await.expect("watch");
+    assert_eq!(next(&mut watcher).await, (0, "snapshot ".into()));
+
+    agent.cut(tonic::Code::PermissionDenied);
+    let error = within("the error", watcher.next())
+        .await
+        .expect("the error first")
+        .expect_err("refused");
+    assert_eq!(error.code(), Some(tonic::Code::PermissionDenied));
+    assert!(!error.is_retryable());
+    // Then the end, for good: no reconnect.
+    assert!(within("the end", watcher.next()).await.is_none());
+    assert!(watcher.is_terminated());
+    assert!(within("the end", watcher.next()).await.is_none());
+    assert_eq!(agent.watch_calls(), [0]);
+    assert_eq!(watcher.revision(), 0);
+}
+
 // --- gate ---
 
-fn subscribe(name: &str, filter: Filter) -> proto::Subscribe {
-    proto::Subscribe {
-        name: name.into(),
-        filter: Some(filter.into()),
-        deadline_ms: 500,
-        on_failure: proto::FailurePolicy::FailClosed.into(),
-    }
+fn subscribe(name: &str, filter: Filter) -> GateOptions {
+    GateOptions::new(name)
+        .filter(filter)
+        .deadline(Duration::from_millis(500))
+        .on_failure(OnFailure::FailClosed)
 }
 
 #[tokio::test]
@@ -460,4 +587,121 @@ async fn dropping_the_gate_ends_the_subscription() {
     drop(gate);
     let end = agent.next_gate_end().await;
     assert!(end.starts_with("tracer: "), "{end}");
+}
+
+#[tokio::test]
+async fn a_gate_is_a_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let agent = FakeAgent::start(&socket, 100);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut gate = client
+        .gate(GateOptions::new("tracer"))
+        .await
+        .expect("subscribed");
+    // The agent's defaults: its deadline.
+    assert_eq!(gate.deadline(), Duration::from_secs(2));
+    let first = agent.hold(container("a", "runc", "default", "web"), true);
+    let second = agent.hold(container("b", "runc", "default", "web"), true);
+    // `by_ref`: the gate must outlive its guards' answers.
+    let guards: Vec<_> = within(
+        "two holds",
+        gate.by_ref()
+            .take(2)
+            .map(|guard| guard.expect("a hold"))
+            .collect(),
+    )
+    .await;
+    let ids: Vec<u64> = guards.iter().map(|g| g.hold_id()).collect();
+    assert_eq!(ids, [first, second]);
+    for guard in guards {
+        guard.allow().expect("sent");
+    }
+    let decisions = [agent.next_decision().await, agent.next_decision().await];
+    assert!(decisions.iter().all(|d| d.allow), "{decisions:?}");
+}
+
+#[tokio::test]
+async fn the_gate_ends_when_the_agent_ends_it_and_none_comes_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let mut agent = FakeAgent::start(&socket, 100);
+    let briefly = options().retry_for(Duration::from_millis(100));
+    let client = Client::connect_with(&socket, briefly)
+        .await
+        .expect("connect");
+    let mut gate = client
+        .gate(subscribe("tracer", Filter::all()))
+        .await
+        .expect("subscribed");
+    // Polled while the agent stops: the fake ends each gate stream as it
+    // stops (and waits for the client's half to end); none takes it again.
+    let ended = tokio::spawn(async move {
+        let end = gate.next().await;
+        (gate, end)
+    });
+    agent.stop().await;
+    let (mut gate, end) = within("the end", ended).await.expect("task");
+    assert!(end.is_none(), "{end:?}");
+    assert!(gate.is_terminated());
+    assert!(within("the end", gate.next()).await.is_none());
+    assert_eq!(gate.name(), "tracer");
+}
+
+#[tokio::test]
+async fn a_gate_refused_on_resubscribing_is_an_error_then_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let mut agent = FakeAgent::start(&socket, 100);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut gate = client
+        .gate(subscribe("tracer", Filter::all()))
+        .await
+        .expect("subscribed");
+    // A new agent that does not allow this peer.
+    let refused = tokio::spawn(async move {
+        let error = gate.next().await;
+        (gate, error)
+    });
+    agent.stop().await;
+    agent.deny_gate();
+    agent.serve();
+    let (mut gate, error) = within("the refusal", refused).await.expect("task");
+    let error = error.expect("the error first").expect_err("refused");
+    assert_eq!(error.code(), Some(tonic::Code::PermissionDenied));
+    assert!(within("the end", gate.next()).await.is_none());
+    assert!(gate.is_terminated());
+}
+
+#[tokio::test]
+async fn the_gate_subscribes_again_to_an_agent_that_comes_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let mut agent = FakeAgent::start(&socket, 100);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    let mut gate = client
+        .gate(subscribe("tracer", Filter::all()))
+        .await
+        .expect("subscribed");
+    let resumed = tokio::spawn(async move {
+        let hold = gate.next().await;
+        (gate, hold)
+    });
+    agent.stop().await;
+    agent.serve();
+    // The first subscription, then the same gate's again.
+    agent.wait_subscriptions(2).await;
+    let hold_id = agent.hold(container("a", "runc", "default", "web"), true);
+    let (gate, hold) = within("the hold", resumed).await.expect("task");
+    let guard = hold.expect("the gate goes on").expect("a hold");
+    assert_eq!(guard.hold_id(), hold_id);
+    guard.allow().expect("sent");
+    assert_eq!(agent.next_decision().await.hold_id, hold_id);
+    assert!(!gate.is_terminated());
 }

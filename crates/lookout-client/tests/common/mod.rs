@@ -94,6 +94,8 @@ pub struct State {
     /// The `since` of each Watch call, in order.
     watch_calls: Mutex<Vec<u64>>,
     subscribers: Mutex<Vec<Subscriber>>,
+    /// How many gate subscriptions were accepted so far.
+    subscriptions: watch::Sender<u64>,
     next_hold: AtomicU64,
     decisions_tx: mpsc::UnboundedSender<v1::Decision>,
     decisions: tokio::sync::Mutex<mpsc::UnboundedReceiver<v1::Decision>>,
@@ -122,6 +124,7 @@ impl State {
             cuts: watch::channel((0, tonic::Code::Ok)).0,
             watch_calls: Mutex::new(Vec::new()),
             subscribers: Mutex::new(Vec::new()),
+            subscriptions: watch::channel(0).0,
             next_hold: AtomicU64::new(1),
             decisions_tx,
             decisions: tokio::sync::Mutex::new(decisions),
@@ -321,6 +324,7 @@ impl Lookout for State {
             filter: subscribe.filter.unwrap_or_default(),
             responses: tx,
         });
+        self.subscriptions.send_modify(|n| *n += 1);
         let decisions = self.decisions_tx.clone();
         let ends = self.gate_ends_tx.clone();
         let name = subscribe.name;
@@ -453,6 +457,18 @@ impl FakeAgent {
             let _ = subscriber.responses.send(Ok(response));
         }
         hold_id
+    }
+
+    /// Waits until `n` gate subscriptions were accepted in all (across
+    /// restarts).
+    pub async fn wait_subscriptions(&self, n: u64) {
+        let mut subscriptions = self.state.subscriptions.subscribe();
+        within(
+            "gate subscriptions",
+            subscriptions.wait_for(|&count| count >= n),
+        )
+        .await
+        .expect("subscriptions channel");
     }
 
     /// The next decision a subscriber sent.
