@@ -1,6 +1,11 @@
 //! `cargo xtask bench`: measures the agent against real runtimes and writes
 //! target/bench/report.json. Needs root. Ratios are measured side by side
 //! in one run; absolute times on shared VMs are noisy.
+//!
+//! [`PARTS`] lists the parts `--only` selects (a full run is `agent`, then
+//! `inode-map`); each adds its keys to one report and prints its share of
+//! it. The `agent` part runs one function per measurement, in order
+//! ([`agent_part`]).
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -49,9 +54,9 @@ pub struct Options {
     /// none) for the watcher CPU and memory measurement.
     #[arg(long, default_value_t = 300)]
     pub watch_churn: usize,
-    /// Run only one part: `agent` (includes `consumers`), `consumers`, `nri` or
-    /// `inode-map`.
-    #[arg(long, value_name = "PART")]
+    /// Run only one part (`agent` includes `consumers`). Without it: `agent`,
+    /// then `inode-map`.
+    #[arg(long, value_name = "PART", value_parser = part_names())]
     pub only: Option<String>,
     /// Internal: run only the consumers part, in this process, and write
     /// its results to PATH (how a release build of xtask runs it).
@@ -195,8 +200,8 @@ impl Agent {
     }
 
     /// Events by container id: (added ns, removed ns).
-    fn events(&self) -> HashMap<String, (Vec<u64>, Vec<u64>)> {
-        let mut m: HashMap<String, (Vec<u64>, Vec<u64>)> = HashMap::new();
+    fn events(&self) -> Events {
+        let mut m = Events::new();
         let Ok(f) = std::fs::File::open(&self.out) else {
             return m;
         };
@@ -365,110 +370,243 @@ fn wait_exit(pid: u32) -> Option<u64> {
     (n == 1).then_some(t)
 }
 
+/// The report being built: report.json's top-level keys.
+type Report = serde_json::Map<String, Value>;
+
+/// A part of the benchmark, as `--only` names it.
+struct Part {
+    /// The name `--only` takes.
+    name: &'static str,
+    /// What it measures, for `--help`.
+    about: &'static str,
+    /// Whether a run without `--only` includes it.
+    in_full_run: bool,
+    /// What must be built before it runs.
+    needs: Needs,
+    /// Measures; returns the part's top-level keys of report.json.
+    run: fn(&Options, &Paths) -> anyhow::Result<Report>,
+    /// Prints the part's table and lines from the whole report.
+    print: fn(&Value),
+}
+
+/// The parts `--only` selects from, in the order a full run runs them.
+const PARTS: &[Part] = &[
+    Part {
+        name: "agent",
+        about: "exec overhead, start-up, idle, discovery, churn, memory, then consumers",
+        in_full_run: true,
+        needs: Needs::AgentAndFloor,
+        run: agent_part,
+        print: print_agent,
+    },
+    Part {
+        name: "consumers",
+        about: "gate subscribers and watchers alone (issue #12)",
+        // N.B. The agent part runs it already.
+        in_full_run: false,
+        needs: Needs::Agent,
+        run: consumers_part,
+        print: |report| consumers::print(&report["consumers"]),
+    },
+    Part {
+        name: "nri",
+        about: "NRI mode on a private containerd 1.7",
+        in_full_run: false,
+        needs: Needs::Agent,
+        run: nri_part,
+        print: |report| nri::print(&report["nri"]),
+    },
+    Part {
+        name: "inode-map",
+        about: "the inode map's modes and a listing through stablefs",
+        in_full_run: true,
+        needs: Needs::Nothing,
+        run: inode_map_part,
+        print: |report| print_inode(&report["inode_map"]),
+    },
+];
+
+/// `--only`'s possible values, from [`PARTS`].
+fn part_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        PARTS
+            .iter()
+            .map(|p| clap::builder::PossibleValue::new(p.name).help(p.about)),
+    )
+}
+
+/// The parts to run: the one `only` names, or those of a full run.
+fn selected(only: Option<&str>) -> anyhow::Result<Vec<&'static Part>> {
+    let Some(name) = only else {
+        return Ok(PARTS.iter().filter(|p| p.in_full_run).collect());
+    };
+    match PARTS.iter().find(|p| p.name == name) {
+        Some(part) => Ok(vec![part]),
+        None => {
+            let names: Vec<&str> = PARTS.iter().map(|p| p.name).collect();
+            bail!("--only {name}: no such part; use {}", names.join(", "))
+        }
+    }
+}
+
+/// What a part needs built, each level including the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Needs {
+    /// Nothing (the inode map builds its own tool).
+    Nothing,
+    /// The BPF object and the release agent.
+    Agent,
+    /// Those, and the allow-all floor responder.
+    AgentAndFloor,
+}
+
+/// Builds what `needs` asks for.
+fn build(needs: Needs) -> anyhow::Result<()> {
+    if needs >= Needs::Agent {
+        crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
+            toolchain: "nightly".into(),
+        })?;
+        build_release(&["-p", "lookout-agent", "--bin", "lookout"])?;
+    }
+    if needs >= Needs::AgentAndFloor {
+        build_release(&["-p", "lookout-fanotify", "--example", "allow_all"])?;
+    }
+    Ok(())
+}
+
+/// `cargo build -j2 --release` with `args`.
+fn build_release(args: &[&str]) -> anyhow::Result<()> {
+    exec(
+        "build",
+        cargo().args(["build", "-j2", "--release"]).args(args),
+        "see the compiler error above",
+    )
+}
+
+/// Where the benchmark finds its binaries and writes its files.
+struct Paths {
+    /// The release agent.
+    lookout: PathBuf,
+    /// The allow-all floor responder (lookout-fanotify's example).
+    floor: PathBuf,
+    /// target/bench, where report.json goes.
+    out_dir: PathBuf,
+    /// target/bench/work, the scratch directory.
+    work: PathBuf,
+}
+
+impl Paths {
+    fn new() -> Paths {
+        let root = workspace_root();
+        let out_dir = root.join("target/bench");
+        Paths {
+            lookout: root.join("target/release/lookout"),
+            floor: root.join("target/release/examples/allow_all"),
+            work: out_dir.join("work"),
+            out_dir,
+        }
+    }
+}
+
 pub fn bench(opts: &Options) -> anyhow::Result<()> {
     if !is_root() {
         bail!(
             "the benchmark needs root (fanotify permission events, BPF, runc): sudo -E cargo xtask bench"
         );
     }
+    let paths = Paths::new();
     if let Some(out) = &opts.consumers_out {
-        let root = workspace_root();
         let v = consumers::bench_consumers(
-            &root.join("target/release/lookout"),
-            &root.join("target/bench/work/consumers"),
+            &paths.lookout,
+            &paths.work.join("consumers"),
             opts.gate_rounds,
             opts.watch_churn,
         )?;
-        std::fs::write(out, serde_json::to_vec(&v)?)?;
+        std::fs::write(out, serde_json::to_vec(&v)?)
+            .with_context(|| format!("writing {}", out.display()))?;
         return Ok(());
     }
-    if opts.only.as_deref() == Some("inode-map") {
-        let out_dir = workspace_root().join("target/bench");
-        let work = out_dir.join("work");
-        std::fs::create_dir_all(&work)?;
-        let v = crate::bench_inode::bench_inode_map(&work, opts.inode_entries)?;
-        let path = out_dir.join("report.json");
-        std::fs::write(
-            &path,
-            serde_json::to_vec_pretty(&json!({ "inode_map": v }))?,
-        )?;
-        print_inode(&v);
-        println!("report: {}", path.display());
-        return Ok(());
-    }
-    if let Some(other) = opts
-        .only
-        .as_deref()
-        .filter(|o| !["agent", "consumers", "nri"].contains(o))
-    {
-        bail!("--only {other}: use agent, consumers, nri or inode-map");
-    }
-    crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
-        toolchain: "nightly".into(),
-    })?;
-    exec(
-        "build",
-        cargo().args([
-            "build",
-            "-j2",
-            "--release",
-            "-p",
-            "lookout-agent",
-            "--bin",
-            "lookout",
-        ]),
-        "see the compiler error above",
+    let parts = selected(opts.only.as_deref())?;
+    build(
+        parts
+            .iter()
+            .map(|p| p.needs)
+            .max()
+            .unwrap_or(Needs::Nothing),
     )?;
-    if opts.only.as_deref() == Some("nri") {
-        let root = workspace_root();
-        let out_dir = root.join("target/bench");
-        let v = nri::bench_nri(
-            &root.join("target/release/lookout"),
-            &out_dir.join("work/nri"),
-        )?;
-        let path = out_dir.join("report.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&json!({ "nri": v }))?)?;
-        nri::print(&v);
-        println!("report: {}", path.display());
-        return Ok(());
+    let mut report = Report::new();
+    for part in &parts {
+        report.extend((part.run)(opts, &paths)?);
     }
-    if opts.only.as_deref() == Some("consumers") {
-        let root = workspace_root();
-        let out_dir = root.join("target/bench");
-        let work = out_dir.join("work");
-        let _ = std::fs::remove_dir_all(&work);
-        std::fs::create_dir_all(&work)?;
-        let v = consumers::bench_consumers_release(opts, &work)?;
-        let path = out_dir.join("report.json");
-        std::fs::write(
-            &path,
-            serde_json::to_vec_pretty(&json!({ "consumers": v }))?,
-        )?;
-        consumers::print(&v);
-        println!("report: {}", path.display());
-        return Ok(());
+    let report = Value::Object(report);
+    std::fs::create_dir_all(&paths.out_dir)?;
+    let path = paths.out_dir.join("report.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    for part in &parts {
+        (part.print)(&report);
     }
-    exec(
-        "build",
-        cargo().args([
-            "build",
-            "-j2",
-            "--release",
-            "-p",
-            "lookout-fanotify",
-            "--example",
-            "allow_all",
-        ]),
-        "see the compiler error above",
-    )?;
-    let root = workspace_root();
-    let lookout = root.join("target/release/lookout");
-    let floor_bin = root.join("target/release/examples/allow_all");
-    let out_dir = root.join("target/bench");
-    let work = out_dir.join("work");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(work.join("bin"))?;
+    println!("report: {}", path.display());
+    Ok(())
+}
 
+/// A report with these keys and values.
+fn entries<const N: usize>(entries: [(&str, Value); N]) -> Report {
+    entries
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+}
+
+/// Empties `dir`, creating it if needed.
+fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// `path` as UTF-8, for a runtime's arguments.
+fn utf8(path: &Path) -> anyhow::Result<&str> {
+    path.to_str()
+        .with_context(|| format!("not UTF-8: {}", path.display()))
+}
+
+/// The `agent` part: each measurement below in order, in a fresh scratch
+/// directory, then the consumers.
+fn agent_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
+    fresh_dir(&paths.work)?;
+    let exec_us = exec_overhead(opts, paths)?;
+    let startup_ms = startup(paths)?;
+    // Idle, discovery, churn and memory share one agent, in this order.
+    let (agent, _) = Agent::start(&paths.lookout, &paths.work, &[])?;
+    let idle_5s = idle(&agent);
+    let discovery_us = discovery(opts, &paths.work, &agent)?;
+    let churn = churn(opts, &paths.work, &agent)?;
+    let memory = heavy_annotations(opts, &paths.work, &agent)?;
+    agent.stop();
+    // Consumers: gate subscribers and watchers (issue #12).
+    let consumer_report = consumers::bench_consumers_release(opts, &paths.work)?;
+
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    Ok(entries([
+        ("kernel", json!(kernel.trim())),
+        ("cpus", json!(cpus)),
+        ("exec_us", exec_us),
+        ("startup_ms", startup_ms),
+        ("idle_5s", idle_5s),
+        ("discovery_us", discovery_us),
+        ("churn", churn),
+        ("memory_heavy_annotations", memory),
+        ("consumers", consumer_report),
+    ]))
+}
+
+/// Exec overhead: the time (us) to fork, exec and wait for a static no-op
+/// with no listener, under the allow-all floor responder, and watched by
+/// lookout (named `runc`), interleaved in a new random order every round.
+fn exec_overhead(opts: &Options, paths: &Paths) -> anyhow::Result<Value> {
+    let work = &paths.work;
+    std::fs::create_dir_all(work.join("bin"))?;
     // A no-op static binary named like a runtime: its exec cost is all
     // fork+exec, so a listener's share is visible.
     let src = work.join("noop.c");
@@ -482,12 +620,12 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             .arg(&src),
         "install gcc and libc6-dev",
     )?;
-    let fake_s = fake.to_str().context("utf-8 path")?.to_owned();
+    let fake_s = utf8(&fake)?;
 
-    // 1. Exec overhead. Three copies of the no-op (three inodes): one
-    // unmarked, one marked by the allow-all floor responder, one watched by
-    // lookout. Both listeners run at once and the execs are interleaved,
-    // so machine noise hits all three configurations alike.
+    // Three copies of the no-op (three inodes): one unmarked, one marked by
+    // the allow-all floor responder, one watched by lookout. Both listeners
+    // run at once and the execs are interleaved, so machine noise hits all
+    // three configurations alike.
     std::fs::create_dir_all(work.join("floor"))?;
     std::fs::create_dir_all(work.join("none"))?;
     let floor_noop = work.join("floor/noop");
@@ -501,13 +639,14 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
             opts.rounds * opts.execs
         ),
     );
-    let mut f = Command::new(&floor_bin)
+    let mut f = Command::new(&paths.floor)
         .arg(&floor_noop)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()?;
-    let (a, _) = Agent::start(&lookout, &work, &["--runtime-path", &fake_s])?;
+        .spawn()
+        .with_context(|| format!("starting {}", paths.floor.display()))?;
+    let (a, _) = Agent::start(&paths.lookout, work, &["--runtime-path", fake_s])?;
     std::thread::sleep(Duration::from_millis(200));
     // The three files must be in the same page-cache state: a file that
     // `cp` or the linker just wrote sits in the cache in other folio sizes
@@ -540,24 +679,41 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     let _ = f.kill();
     let _ = f.wait();
     let med = |v: &[f64]| pct(&mut v.to_vec(), 0.5);
-    let over_floor = med(&floor) - med(&none);
-    let over_agent = med(&agent_t) - med(&none);
+    Ok(json!({
+        "none": stats(&none), "floor": stats(&floor), "lookout": stats(&agent_t),
+        "overhead_floor_p50_us": med(&floor) - med(&none),
+        "overhead_lookout_p50_us": med(&agent_t) - med(&none),
+        "lookout_vs_floor_total_p50": med(&agent_t) / med(&floor),
+    }))
+}
 
-    // 2. Start-up, idle cost, discovery latency and churn with real runc.
+/// Start-up: spawn to the agent's `ready` log line (probe, BPF load, marks,
+/// state scan), 3 starts, in ms.
+fn startup(paths: &Paths) -> anyhow::Result<Value> {
     say("bench", "start-up time to ready (3 starts)");
     let mut startups = Vec::new();
     for _ in 0..3 {
-        let (a, t) = Agent::start(&lookout, &work, &[])?;
+        let (a, t) = Agent::start(&paths.lookout, &paths.work, &[])?;
         startups.push(t.as_secs_f64() * 1e3);
         a.stop();
     }
-    let (agent, _) = Agent::start(&lookout, &work, &[])?;
-    let pid = agent.pid();
-    say("bench", "idle for 5 s");
-    let s0 = proc_sample(pid);
-    std::thread::sleep(Duration::from_secs(5));
-    let s1 = proc_sample(pid);
+    Ok(stats(&startups))
+}
 
+/// Idle cost: `agent`'s CPU ticks and voluntary context switches over 5 s
+/// with nothing happening, and its RSS then.
+fn idle(agent: &Agent) -> Value {
+    say("bench", "idle for 5 s");
+    let s0 = proc_sample(agent.pid());
+    std::thread::sleep(Duration::from_secs(5));
+    let s1 = proc_sample(agent.pid());
+    json!({"cpu_ticks": s1.0 - s0.0, "voluntary_ctxt_switches": s1.1 - s0.1, "rss_kb": s1.2})
+}
+
+/// Discovery latency (us), over `opts.latency` sequential runc containers
+/// (`sleep 0.05`): `runc create` exec -> `Added`, `runc create` exit ->
+/// `Added`, container exit -> `Removed`; all CLOCK_MONOTONIC.
+fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     say(
         "bench",
         &format!(
@@ -567,7 +723,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     );
     let b = work.join("bundle-lat");
     busybox_bundle(&b, &["sleep", "0.05"])?;
-    let bs = b.to_str().context("utf-8")?.to_owned();
+    let bs = utf8(&b)?;
     let mut created_at = HashMap::new();
     let mut exec_at = HashMap::new();
     let mut exited_at = HashMap::new();
@@ -575,18 +731,14 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         let id = format!("bench-lat-{i}");
         let pidfile = work.join(format!("{id}.pid"));
         exec_at.insert(id.clone(), now_ns());
-        if !runc(&[
-            "create",
-            "--bundle",
-            &bs,
-            "--pid-file",
-            pidfile.to_str().context("utf-8")?,
-            &id,
-        ]) {
+        if !runc(&["create", "--bundle", bs, "--pid-file", utf8(&pidfile)?, &id]) {
             bail!("runc create failed");
         }
         created_at.insert(id.clone(), now_ns());
-        let cpid: u32 = std::fs::read_to_string(&pidfile)?.trim().parse()?;
+        let cpid: u32 = std::fs::read_to_string(&pidfile)?
+            .trim()
+            .parse()
+            .with_context(|| format!("pid in {}", pidfile.display()))?;
         runc(&["start", &id]);
         if let Some(t) = wait_exit(cpid) {
             exited_at.insert(id.clone(), t);
@@ -594,80 +746,73 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     }
     std::thread::sleep(Duration::from_millis(200));
     let ev = agent.events();
-    let (mut add_lag, mut rem_lag, mut exec_lag) = (Vec::new(), Vec::new(), Vec::new());
-    for (id, t) in &exec_at {
-        if let Some((a, _)) = ev.get(id)
-            && let Some(&a) = a.first()
-        {
-            exec_lag.push((a as f64 - *t as f64) / 1e3);
-        }
-    }
-    for (id, t) in &created_at {
-        if let Some((a, _)) = ev.get(id)
-            && let Some(&a) = a.first()
-        {
-            add_lag.push((a as f64 - *t as f64) / 1e3);
-        }
-    }
-    for (id, t) in &exited_at {
-        if let Some((_, r)) = ev.get(id)
-            && let Some(&r) = r.first()
-        {
-            rem_lag.push((r as f64 - *t as f64) / 1e3);
-        }
-    }
+    let v = json!({
+        "create_exec_to_added": stats(&lags(&exec_at, &ev, Kind::Added)),
+        "create_exit_to_added": stats(&lags(&created_at, &ev, Kind::Added)),
+        "exit_to_removed": stats(&lags(&exited_at, &ev, Kind::Removed)),
+    });
     for id in created_at.keys() {
         runc(&["delete", "--force", id]);
     }
+    Ok(v)
+}
 
+/// Events by container id: (added ns, removed ns), as [`Agent::events`]
+/// returns them.
+type Events = HashMap<String, (Vec<u64>, Vec<u64>)>;
+
+/// Which of a container's events.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Added,
+    Removed,
+}
+
+/// Microseconds from each container's time in `at` to its first `kind`
+/// event, for the containers that have one.
+fn lags(at: &HashMap<String, u64>, events: &Events, kind: Kind) -> Vec<f64> {
+    at.iter()
+        .filter_map(|(id, &t)| {
+            let (added, removed) = events.get(id)?;
+            let &e = match kind {
+                Kind::Added => added,
+                Kind::Removed => removed,
+            }
+            .first()?;
+            Some((e as f64 - t as f64) / 1e3)
+        })
+        .collect()
+}
+
+/// Churn: `opts.churn` runc containers (`sleep 20`) created and started by
+/// [`WORKERS`] threads; events missed, stuck or doubled, how many are
+/// tracked at once, and `agent`'s CPU time and peak RSS meanwhile.
+fn churn(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     say(
         "bench",
-        &format!("churn: {} containers by 10 workers", opts.churn),
+        &format!("churn: {} containers by {WORKERS} workers", opts.churn),
     );
     let b = work.join("bundle-churn");
     busybox_bundle(&b, &["sleep", "20"])?;
-    let bs = b.to_str().context("utf-8")?.to_owned();
-    let ids: Vec<String> = (0..opts.churn)
-        .map(|i| format!("bench-churn-{i}"))
-        .collect();
+    let bs = utf8(&b)?;
+    let ids = container_ids("bench-churn", opts.churn);
+    let pid = agent.pid();
     let c0 = proc_sample(pid);
     let sampler = PeakRss::start(pid);
     let t = Instant::now();
     let failed = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for chunk in ids.chunks(opts.churn.div_ceil(10)) {
-            let (bs, failed) = (&bs, &failed);
-            s.spawn(move || {
-                for id in chunk {
-                    if !(runc(&["create", "--bundle", bs, id]) && runc(&["start", id])) {
-                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-            });
+    on_workers(&ids, |id| {
+        if !create_and_start(bs, id) {
+            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     });
     let create_secs = t.elapsed().as_secs_f64();
-    let tracked_peak = {
+    let tracked_peak = tracked(&agent.events(), &ids);
+    wait_until(Duration::from_millis(200), || {
         let e = agent.events();
         ids.iter()
-            .filter(|i| {
-                e.get(*i)
-                    .is_some_and(|(a, r)| !a.is_empty() && r.is_empty())
-            })
-            .count()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let e = agent.events();
-        if ids
-            .iter()
             .all(|i| e.get(i).is_some_and(|(_, r)| !r.is_empty()))
-            || Instant::now() > deadline
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
     let churn_peak = sampler.stop();
     let c1 = proc_sample(pid);
     let e = agent.events();
@@ -683,19 +828,24 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         .iter()
         .filter(|i| e.get(*i).is_some_and(|(a, r)| a.len() > 1 || r.len() > 1))
         .count();
-    std::thread::scope(|s| {
-        for chunk in ids.chunks(opts.churn.div_ceil(10)) {
-            s.spawn(move || {
-                for id in chunk {
-                    runc(&["delete", "--force", id]);
-                }
-            });
-        }
-    });
+    on_workers(&ids, delete);
     let rss_after = proc_sample(pid).2;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(json!({
+        "containers": opts.churn, "create_start_failed": failed.into_inner(),
+        "create_start_per_s": opts.churn as f64 / create_secs,
+        "missed_added": missed, "missing_removed": stuck, "duplicates": dupes,
+        "tracked_at_end_of_creation": tracked_peak,
+        "cpu_s": (c1.0 - c0.0) as f64 / hz, "wall_s": create_secs,
+        "peak_rss_kb": churn_peak, "rss_after_kb": rss_after,
+    }))
+}
 
-    // 3. Memory: containers whose config.json carries 64 KiB of annotations
-    //    each (16 of 4 KiB), all tracked at once.
+/// Memory: `opts.heavy` runc containers (`sleep 60`) whose config.json
+/// carries 64 KiB of annotations each (16 of 4 KiB), all tracked at once;
+/// `agent`'s RSS then and its peak.
+fn heavy_annotations(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     say(
         "bench",
         &format!(
@@ -714,109 +864,109 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         c["annotations"] = Value::Object(annotations);
         std::fs::write(&p, serde_json::to_vec(&c)?)?;
     }
-    let hbs = hb.to_str().context("utf-8")?.to_owned();
-    let heavy_ids: Vec<String> = (0..opts.heavy)
-        .map(|i| format!("bench-heavy-{i}"))
-        .collect();
-    let heavy_sampler = PeakRss::start(pid);
-    std::thread::scope(|s| {
-        for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
-            let hbs = &hbs;
-            s.spawn(move || {
-                for id in chunk {
-                    let _ = runc(&["create", "--bundle", hbs, id]) && runc(&["start", id]);
-                }
-            });
-        }
+    let hbs = utf8(&hb)?;
+    let ids = container_ids("bench-heavy", opts.heavy);
+    let pid = agent.pid();
+    let sampler = PeakRss::start(pid);
+    on_workers(&ids, |id| {
+        let _ = create_and_start(hbs, id);
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
+    wait_until(Duration::from_millis(100), || {
         let e = agent.events();
-        if heavy_ids
-            .iter()
+        ids.iter()
             .all(|i| e.get(i).is_some_and(|(a, _)| !a.is_empty()))
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let heavy_tracked = {
-        let e = agent.events();
-        heavy_ids
-            .iter()
-            .filter(|i| {
-                e.get(*i)
-                    .is_some_and(|(a, r)| !a.is_empty() && r.is_empty())
-            })
-            .count()
-    };
+    });
+    let heavy_tracked = tracked(&agent.events(), &ids);
     let heavy_rss = proc_sample(pid).2;
-    let heavy_peak = heavy_sampler.stop();
+    let heavy_peak = sampler.stop();
+    on_workers(&ids, delete);
+    Ok(json!({
+        "containers": opts.heavy, "annotation_bytes_each": 16 * 4096,
+        "tracked": heavy_tracked,
+        "rss_all_tracked_kb": heavy_rss,
+        "peak_rss_kb": heavy_peak,
+    }))
+}
+
+/// Threads that create, start and delete the churn and memory containers.
+const WORKERS: usize = 10;
+
+/// `prefix-0` .. `prefix-{n-1}`.
+fn container_ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Calls `f` on every id, split among [`WORKERS`] threads.
+fn on_workers(ids: &[String], f: impl Fn(&str) + Sync) {
+    let f = &f;
     std::thread::scope(|s| {
-        for chunk in heavy_ids.chunks(opts.heavy.div_ceil(10).max(1)) {
+        for chunk in ids.chunks(ids.len().div_ceil(WORKERS).max(1)) {
             s.spawn(move || {
                 for id in chunk {
-                    runc(&["delete", "--force", id]);
+                    f(id);
                 }
             });
         }
     });
-    agent.stop();
+}
 
-    // 4. Consumers: gate subscribers and watchers (issue #12).
-    let consumer_report = consumers::bench_consumers_release(opts, &work)?;
+/// `runc create` and `runc start` of container `id` from `bundle`; whether
+/// both succeeded.
+fn create_and_start(bundle: &str, id: &str) -> bool {
+    runc(&["create", "--bundle", bundle, id]) && runc(&["start", id])
+}
 
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let report = json!({
-        "kernel": kernel.trim(),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "exec_us": {
-            "none": stats(&none), "floor": stats(&floor), "lookout": stats(&agent_t),
-            "overhead_floor_p50_us": over_floor, "overhead_lookout_p50_us": over_agent,
-            "lookout_vs_floor_total_p50": med(&agent_t) / med(&floor),
-        },
-        "startup_ms": stats(&startups),
-        "idle_5s": {"cpu_ticks": s1.0 - s0.0, "voluntary_ctxt_switches": s1.1 - s0.1, "rss_kb": s1.2},
-        "discovery_us": {
-            "create_exec_to_added": stats(&exec_lag),
-            "create_exit_to_added": stats(&add_lag),
-            "exit_to_removed": stats(&rem_lag),
-        },
-        "churn": {
-            "containers": opts.churn, "create_start_failed": failed.into_inner(),
-            "create_start_per_s": opts.churn as f64 / create_secs,
-            "missed_added": missed, "missing_removed": stuck, "duplicates": dupes,
-            "tracked_at_end_of_creation": tracked_peak,
-            "cpu_s": (c1.0 - c0.0) as f64 / hz, "wall_s": create_secs,
-            "peak_rss_kb": churn_peak, "rss_after_kb": rss_after,
-        },
-        "memory_heavy_annotations": {
-            "containers": opts.heavy, "annotation_bytes_each": 16 * 4096,
-            "tracked": heavy_tracked,
-            "rss_all_tracked_kb": heavy_rss,
-            "peak_rss_kb": heavy_peak,
-        },
-        "consumers": consumer_report,
-    });
-    let inode = if opts.only.is_none() {
-        Some(crate::bench_inode::bench_inode_map(
-            &work,
-            opts.inode_entries,
-        )?)
-    } else {
-        None
-    };
-    let mut report = report;
-    if let Some(v) = &inode {
-        report["inode_map"] = v.clone();
+/// `runc delete --force` of container `id`.
+fn delete(id: &str) {
+    runc(&["delete", "--force", id]);
+}
+
+/// How many of `ids` have been added and not removed.
+fn tracked(events: &Events, ids: &[String]) -> usize {
+    ids.iter()
+        .filter(|i| {
+            events
+                .get(*i)
+                .is_some_and(|(a, r)| !a.is_empty() && r.is_empty())
+        })
+        .count()
+}
+
+/// Polls `done` every `every` until it holds or 60 s have passed.
+fn wait_until(every: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() && Instant::now() < deadline {
+        std::thread::sleep(every);
     }
-    std::fs::create_dir_all(&out_dir)?;
-    let path = out_dir.join("report.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
+}
 
+/// The `consumers` part alone, in a fresh scratch directory.
+fn consumers_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
+    fresh_dir(&paths.work)?;
+    let v = consumers::bench_consumers_release(opts, &paths.work)?;
+    Ok(entries([("consumers", v)]))
+}
+
+/// The `nri` part: see [`nri`].
+fn nri_part(_opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
+    let v = nri::bench_nri(&paths.lookout, &paths.work.join("nri"))?;
+    Ok(entries([("nri", v)]))
+}
+
+/// The `inode-map` part: insert, lookup and memory per entry in each mode,
+/// and a listing through stablefs.
+fn inode_map_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(&paths.work)?;
+    let v = crate::bench_inode::bench_inode_map(&paths.work, opts.inode_entries)?;
+    Ok(entries([("inode_map", v)]))
+}
+
+/// Prints the `agent` part's table and lines, then the consumers'.
+fn print_agent(report: &Value) {
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let p50_p99 = |name: &str, v: &Value| {
+        println!("| {name} | {:.0} | {:.0} |", g(v, "p50"), g(v, "p99"));
+    };
     let x = &report["exec_us"];
     println!("\n| measurement | p50 | p99 |\n|---|---|---|");
     for (name, key) in [
@@ -824,28 +974,16 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         ("exec, allow-all floor (us)", "floor"),
         ("exec, lookout (us)", "lookout"),
     ] {
-        println!(
-            "| {name} | {:.0} | {:.0} |",
-            g(&x[key], "p50"),
-            g(&x[key], "p99")
-        );
+        p50_p99(name, &x[key]);
     }
     let d = &report["discovery_us"];
-    println!(
-        "| runc create exec -> Added (us) | {:.0} | {:.0} |",
-        g(&d["create_exec_to_added"], "p50"),
-        g(&d["create_exec_to_added"], "p99")
-    );
-    println!(
-        "| runc create exit -> Added (us) | {:.0} | {:.0} |",
-        g(&d["create_exit_to_added"], "p50"),
-        g(&d["create_exit_to_added"], "p99")
-    );
-    println!(
-        "| container exit -> Removed (us) | {:.0} | {:.0} |",
-        g(&d["exit_to_removed"], "p50"),
-        g(&d["exit_to_removed"], "p99")
-    );
+    for (name, key) in [
+        ("runc create exec -> Added (us)", "create_exec_to_added"),
+        ("runc create exit -> Added (us)", "create_exit_to_added"),
+        ("container exit -> Removed (us)", "exit_to_removed"),
+    ] {
+        p50_p99(name, &d[key]);
+    }
     println!(
         "| start-up to ready (ms) | {:.0} | {:.0} |",
         g(&report["startup_ms"], "p50"),
@@ -853,18 +991,19 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "exec overhead over no listener (p50): floor {over_floor:.0} us, lookout {over_agent:.0} us"
+        "exec overhead over no listener (p50): floor {:.0} us, lookout {:.0} us",
+        g(x, "overhead_floor_p50_us"),
+        g(x, "overhead_lookout_p50_us")
     );
+    let i = &report["idle_5s"];
     println!(
         "idle 5 s: {} CPU ticks, {} wakeups, RSS {} kB",
-        s1.0 - s0.0,
-        s1.1 - s0.1,
-        s1.2
+        i["cpu_ticks"], i["voluntary_ctxt_switches"], i["rss_kb"]
     );
     let ch = &report["churn"];
     println!(
         "churn {}: {:.1} containers/s, missed {}, stuck {}, duplicates {}, tracked at once {}, agent CPU {:.2} s, peak RSS {} kB",
-        opts.churn,
+        ch["containers"],
         g(ch, "create_start_per_s"),
         ch["missed_added"],
         ch["missing_removed"],
@@ -876,12 +1015,54 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     let m = &report["memory_heavy_annotations"];
     println!(
         "memory: {} containers with 64 KiB of annotations each, {} tracked at once: RSS {} kB, peak {} kB",
-        opts.heavy, m["tracked"], m["rss_all_tracked_kb"], m["peak_rss_kb"]
+        m["containers"], m["tracked"], m["rss_all_tracked_kb"], m["peak_rss_kb"]
     );
     consumers::print(&report["consumers"]);
-    if let Some(v) = &inode {
-        print_inode(v);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: Options,
     }
-    println!("report: {}", path.display());
-    Ok(())
+
+    fn only(name: &str) -> Result<Option<String>, clap::Error> {
+        Cli::try_parse_from(["bench", "--only", name]).map(|cli| cli.opts.only)
+    }
+
+    #[test]
+    fn only_takes_each_part_by_name() {
+        Cli::command().debug_assert();
+        let names: Vec<&str> = PARTS.iter().map(|p| p.name).collect();
+        // The names docs/benchmarks.md uses; they must not change.
+        assert_eq!(names, ["agent", "consumers", "nri", "inode-map"]);
+        for name in names {
+            let parsed = only(name).expect("a part's name parses");
+            let parts = selected(parsed.as_deref()).expect("a part's name selects it");
+            assert_eq!(parts.iter().map(|p| p.name).collect::<Vec<_>>(), [name]);
+        }
+    }
+
+    #[test]
+    fn only_rejects_an_unknown_name_listing_the_parts() {
+        let err = only("inode").expect_err("not a part").to_string();
+        let msg = selected(Some("inode")).err().map(|e| e.to_string());
+        for name in PARTS.iter().map(|p| p.name) {
+            assert!(err.contains(name), "{err}");
+            assert!(msg.as_deref().is_some_and(|m| m.contains(name)), "{msg:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_run_is_agent_then_inode_map() {
+        let parts = selected(None).expect("no --only");
+        let names: Vec<&str> = parts.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["agent", "inode-map"]);
+    }
 }
