@@ -372,7 +372,7 @@ fn events_agent(rt: &Runtime, server: &ApiServer, dir: &Path, extra: &[&str]) ->
             // Each dropped Event is logged at debug, with its container.
             (
                 "LOOKOUT_LOG",
-                "info,lookout_runtime_hook=debug,lookout_agent::hooks=debug",
+                "info,lookout_runtime_hook=debug,lookout_agent::hooks=debug,lookout_agent::k8s_events=debug",
             ),
         ],
         None,

@@ -902,6 +902,33 @@ fn a_busy_host_does_not_crowd_runtime_execs_out_of_the_ring_buffer() {
     );
 }
 
+/// `lookout run` in scan mode (fanotify_init denied, ENOSYS), logging to
+/// `stderr`, with `extra` flags and stdout as `stdout`.
+fn scan_mode_agent(stderr: &Path, extra: &[&str], stdout: Stdio) -> KillOnDrop {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
+    cmd.args([
+        "run",
+        "--no-socket",
+        "--output",
+        "json",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(extra)
+    .args(Runtime::agent_args(None))
+    .env_remove("NODE_NAME")
+    .env_remove("KUBECONFIG")
+    .env_remove("KUBERNETES_SERVICE_HOST")
+    .stdin(Stdio::null())
+    .stdout(stdout)
+    .stderr(std::fs::File::create(stderr).expect("stderr"));
+    lookout_testsupport::Restrictions::new()
+        .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
+        .apply(&mut cmd)
+        .expect("restrict");
+    KillOnDrop(cmd.spawn().expect("spawn"))
+}
+
 /// SIGTERM the moment the agent logs `ready`: the handler must already be
 /// installed (it once was installed only when first polled, after a scan
 /// mode agent's first scan, and such a SIGTERM killed it: exit by signal).
@@ -910,27 +937,7 @@ fn a_sigterm_right_after_ready_shuts_down_cleanly() {
     for round in 0..12 {
         let dir = tempfile::tempdir().expect("tempdir");
         let stderr = dir.path().join("stderr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
-        cmd.args([
-            "run",
-            "--no-socket",
-            "--output",
-            "json",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(Runtime::agent_args(None))
-        .env_remove("NODE_NAME")
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr).expect("stderr"));
-        lookout_testsupport::Restrictions::new()
-            .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
-            .apply(&mut cmd)
-            .expect("restrict");
-        let mut child = KillOnDrop(cmd.spawn().expect("spawn"));
+        let mut child = scan_mode_agent(&stderr, &[], Stdio::null());
         let deadline = Instant::now() + Duration::from_secs(20);
         while !std::fs::read_to_string(&stderr)
             .unwrap_or_default()
@@ -974,28 +981,7 @@ fn without_fanotify_the_agent_runs_in_scan_mode_instead_of_exiting() {
     // must not exit (that is CrashLoopBackOff in Kubernetes): it scans.
     let dir = tempfile::tempdir().expect("tempdir");
     let stderr = dir.path().join("stderr");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lookout"));
-    cmd.args([
-        "run",
-        "--no-socket",
-        "--output",
-        "json",
-        "--listen",
-        "127.0.0.1:0",
-        "--scan-interval",
-        "100ms",
-    ])
-    .args(Runtime::agent_args(None))
-    .env_remove("NODE_NAME")
-    .env_remove("KUBECONFIG")
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(std::fs::File::create(&stderr).expect("stderr"));
-    lookout_testsupport::Restrictions::new()
-        .deny_syscall(libc::SYS_fanotify_init, libc::ENOSYS)
-        .apply(&mut cmd)
-        .expect("restrict");
-    let mut child = KillOnDrop(cmd.spawn().expect("spawn"));
+    let mut child = scan_mode_agent(&stderr, &["--scan-interval", "100ms"], Stdio::piped());
     let out = child.0.stdout.take().expect("stdout");
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = Arc::clone(&lines);

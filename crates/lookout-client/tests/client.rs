@@ -16,6 +16,18 @@ use lookout_client::{Client, ConnectOptions, Error, Event, Filter, GateOptions, 
 use tracing::instrument::WithSubscriber;
 
 /// Retries quickly and long enough for any of these tests.
+/// A fake agent keeping `history` changes, on a socket of its own, and a
+/// client connected to it.
+async fn agent_and_client(history: usize) -> (tempfile::TempDir, FakeAgent, Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let agent = FakeAgent::start(&socket, history);
+    let client = Client::connect_with(&socket, options())
+        .await
+        .expect("connect");
+    (dir, agent, client)
+}
+
 fn options() -> ConnectOptions {
     ConnectOptions::new()
         .retry_for(common::DEADLINE)
@@ -202,12 +214,7 @@ async fn watch_starts_with_a_snapshot_then_passes_changes() {
 
 #[tokio::test]
 async fn an_empty_node_is_an_empty_snapshot() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut watcher = client.watch(Filter::all()).await.expect("watch");
     assert_eq!(next(&mut watcher).await, (0, "snapshot ".into()));
     agent.add(container("a", "runc", "default", "web"));
@@ -365,12 +372,7 @@ async fn a_watcher_is_a_stream() {
 
 #[tokio::test]
 async fn a_cancelled_next_loses_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut watcher = client.watch(Filter::all()).await.expect("watch");
     assert_eq!(next(&mut watcher).await, (0, "snapshot ".into()));
     // Each `next` is cut short by a timer before the change comes ...
@@ -418,12 +420,7 @@ async fn an_outage_longer_than_the_window_is_an_error_and_the_watcher_goes_on() 
 
 #[tokio::test]
 async fn a_non_retryable_error_ends_the_watcher() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut watcher = client.watch(Filter::all()).await.expect("watch");
     assert_eq!(next(&mut watcher).await, (0, "snapshot ".into()));
 
@@ -453,12 +450,7 @@ fn subscribe(name: &str, filter: Filter) -> GateOptions {
 
 #[tokio::test]
 async fn gate_holds_are_answered_and_the_agent_sees_the_decisions() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut gate = client
         .gate(subscribe("tracer", Filter::all().namespace("payments")))
         .await
@@ -499,12 +491,7 @@ async fn gate_holds_are_answered_and_the_agent_sees_the_decisions() {
 
 #[tokio::test]
 async fn a_dropped_guard_allows_and_a_not_held_one_sends_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut gate = client
         .gate(subscribe("tracer", Filter::all()))
         .await
@@ -574,12 +561,7 @@ async fn a_gate_refused_by_the_agent_is_not_retried() {
 
 #[tokio::test]
 async fn dropping_the_gate_ends_the_subscription() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let gate = client
         .gate(subscribe("tracer", Filter::all()))
         .await
@@ -591,12 +573,7 @@ async fn dropping_the_gate_ends_the_subscription() {
 
 #[tokio::test]
 async fn a_gate_is_a_stream() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, agent, client) = agent_and_client(100).await;
     let mut gate = client
         .gate(GateOptions::new("tracer"))
         .await
@@ -652,12 +629,7 @@ async fn the_gate_ends_when_the_agent_ends_it_and_none_comes_back() {
 
 #[tokio::test]
 async fn a_gate_refused_on_resubscribing_is_an_error_then_the_end() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let mut agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, mut agent, client) = agent_and_client(100).await;
     let mut gate = client
         .gate(subscribe("tracer", Filter::all()))
         .await
@@ -679,12 +651,7 @@ async fn a_gate_refused_on_resubscribing_is_an_error_then_the_end() {
 
 #[tokio::test]
 async fn the_gate_subscribes_again_to_an_agent_that_comes_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("lookout.sock");
-    let mut agent = FakeAgent::start(&socket, 100);
-    let client = Client::connect_with(&socket, options())
-        .await
-        .expect("connect");
+    let (_dir, mut agent, client) = agent_and_client(100).await;
     let mut gate = client
         .gate(subscribe("tracer", Filter::all()))
         .await
