@@ -10,8 +10,8 @@
 //! at the deadline, without what it read.
 
 /// Reader threads that are stuck on a hung file system at most; past this,
-/// [`bounded`] starts no other one (and `oci::read_config_within` reads
-/// no config).
+/// no other one starts (and [`read_config_within`](crate::oci::read_config_within)
+/// reads no config).
 pub const MAX_STUCK_READERS: usize = 8;
 
 static STUCK_READERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -17,13 +17,13 @@ use super::{Filter, Hub, Live, Refused, lock};
 use crate::handover::Book;
 
 impl Hub {
-    /// Whether the discovery mode holds starts (see [`HubConfig::can_hold`]).
+    /// Whether the discovery mode holds starts (see [`HubConfig::can_hold`](super::HubConfig::can_hold)).
     pub fn set_can_hold(&self, yes: bool) {
         self.can_hold.store(yes, Ordering::Relaxed);
     }
 
     /// Registers a gate subscriber. Its deadline is bounded by
-    /// [`HubConfig::max_deadline`].
+    /// [`HubConfig::max_deadline`](super::HubConfig::max_deadline).
     pub fn gate(self: &Arc<Self>, sub: Subscription) -> Result<GateSubscriber, Refused> {
         self.gate_as(sub, 0)
     }
