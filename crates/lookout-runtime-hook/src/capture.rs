@@ -186,10 +186,62 @@ fn attach_tracepoint(
         .ok_or_else(|| missing(format!("program {prog} missing from the object")))?
         .try_into()
         .map_err(|e| bpf_err(prog, e))?;
-    p.load()
-        .map_err(|e| bpf_err(&format!("loading {prog}"), e))?;
+    // Loaded already when `load_side_by_side` verified it.
+    if p.fd().is_err() {
+        p.load()
+            .map_err(|e| bpf_err(&format!("loading {prog}"), e))?;
+    }
     p.attach(category, name)
         .map_err(|e| bpf_err(&format!("attaching {prog} to {category}/{name}"), e))?;
+    Ok(())
+}
+
+/// Loads (has the kernel verify) the tracepoint programs `names`, each on
+/// a thread of its own. The verifier is most of lookout's start-up: the
+/// two argv programs take 100-300 ms each on 2 vCPUs, and it runs in the
+/// loading thread, so two loads side by side take the time of the longer.
+/// Attaching stays in [`attach_tracepoint`], in order.
+fn load_side_by_side(ebpf: &mut aya::Ebpf, names: &[&str]) -> Result<(), Error> {
+    let mut programs: Vec<(&str, &mut TracePoint)> = Vec::with_capacity(names.len());
+    for (name, p) in ebpf.programs_mut() {
+        if names.contains(&name) {
+            programs.push((name, p.try_into().map_err(|e| bpf_err(name, e))?));
+        }
+    }
+    if let Some(absent) = names
+        .iter()
+        .find(|n| !programs.iter().any(|(name, _)| name == *n))
+    {
+        return Err(missing(format!("program {absent} missing from the object")));
+    }
+    std::thread::scope(|scope| {
+        let mut loads = Vec::with_capacity(programs.len());
+        for (name, p) in programs {
+            let load = move || {
+                p.load()
+                    .map_err(|e| bpf_err(&format!("loading {name}"), e))
+            };
+            // A thread that cannot start: load here instead.
+            match std::thread::Builder::new()
+                .name("lookout-bpf-load".into())
+                .spawn_scoped(scope, load)
+            {
+                Ok(h) => loads.push((name, h)),
+                Err(e) => {
+                    tracing::debug!(%e, program = name, "loading on the caller's thread");
+                    // N.B. `load` moved into the failed spawn; attach
+                    // loads it later, on this thread.
+                }
+            }
+        }
+        loads
+            .into_iter()
+            .map(|(name, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(missing(format!("loading {name}: the thread panicked"))))
+            })
+            .collect::<Result<Vec<()>, Error>>()
+    })?;
     Ok(())
 }
 
@@ -205,6 +257,7 @@ impl ExecCapture {
         let mut ebpf = loader
             .load(object)
             .map_err(|e| bpf_err("loading the BPF object", e))?;
+        load_side_by_side(&mut ebpf, &[EXECVE_PROGRAM, EXECVEAT_PROGRAM])?;
         attach_tracepoint(&mut ebpf, EXECVE_PROGRAM, "syscalls", "sys_enter_execve")?;
         attach_tracepoint(
             &mut ebpf,

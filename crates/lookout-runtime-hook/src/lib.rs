@@ -43,7 +43,7 @@ mod stats;
 pub mod untrusted;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
-pub use hook::{Builder, RuntimeHook};
+pub use hook::{Builder, RuntimeHook, StartupTimes};
 pub use pidfd::{ProcessHandle, kill as kill_process};
 pub use scan::{Scanner, scan_state, scan_state_in};
 pub use stats::{Health, Observer, Stats};

@@ -12,6 +12,7 @@ mod args;
 mod limits;
 mod modes;
 mod output;
+mod startup;
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -27,6 +28,7 @@ pub use args::{Output, RunArgs, absolute_path};
 use limits::{raise_memlock_limit, raise_nofile_limit, release_startup_memory};
 use modes::{Backends, HEALTH_MARGIN, Kube, Ladder, Primary, choose, start_nri, stop_informer};
 use output::StdoutSink;
+use startup::StartupClock;
 
 use crate::hooks::{HookSettings, HookSink};
 use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
@@ -106,6 +108,7 @@ pub(crate) fn run_with(
     bpf_object: Option<&'static [u8]>,
     control: Control,
 ) -> anyhow::Result<()> {
+    let clock = StartupClock::start();
     raise_nofile_limit();
     raise_memlock_limit();
     // Cgroup paths as the host sees them, not relative to a pod's own
@@ -137,7 +140,13 @@ pub(crate) fn run_with(
         .enable_all()
         .build()
         .context("starting the side tokio runtime")?;
-    let result = rt.block_on(run_async(args, bpf_object, side.handle().clone(), control));
+    let result = rt.block_on(run_async(
+        args,
+        bpf_object,
+        side.handle().clone(),
+        control,
+        clock,
+    ));
     // Hook processes and reads stuck on a hung file system must not hold
     // the exit up: their tasks are abandoned.
     side.shutdown_background();
@@ -149,7 +158,9 @@ async fn run_async(
     bpf_object: Option<&'static [u8]>,
     side: tokio::runtime::Handle,
     control: Control,
+    mut clock: StartupClock,
 ) -> anyhow::Result<()> {
+    clock.lap("runtimes");
     let output = args.output.unwrap_or(if std::io::stdout().is_terminal() {
         Output::Text
     } else {
@@ -184,6 +195,7 @@ async fn run_async(
                 _ => std::env::var(k).ok(),
             }),
     );
+    clock.lap("probe");
     let wanted = args.mode.wanted();
     let (mode, refused) = choose(&report, wanted)?;
 
@@ -276,7 +288,9 @@ async fn run_async(
     // A start waits for prestart hooks and gates, then its state read.
     let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
 
+    clock.lap("setup");
     let nri = start_nri(&args).await?;
+    clock.lap("nri");
     let nri_barrier = std::sync::Arc::clone(&barrier);
     let mut backends = if args.mode == ModeArg::Nri {
         Backends::nri_only()
@@ -296,8 +310,11 @@ async fn run_async(
         .await?
     };
     backends.nri = nri;
+    clock.lap("backend");
     let label = backends.label();
     if let Some(h) = backends.hook() {
+        let t = h.startup_times();
+        clock.split_last(&[("bpf", t.bpf), ("marks", t.marks)]);
         stack.inner().close_in_hooks(h.group_fd());
         // A start may wait for prestart hooks and gates, then its state
         // read: past that (and a margin), the hook is stuck.
@@ -337,6 +354,7 @@ async fn run_async(
         side: &side,
         metrics: &metrics,
         nri_barrier,
+        clock,
     };
     discovery.run(backends, stack, ready, stopped).await;
     // Hooks this agent claimed finish before it exits (one cut short
@@ -367,6 +385,8 @@ struct Discovery<'a> {
     metrics: &'a std::sync::Arc<crate::serve::Metrics>,
     /// What a container's start waits for in NRI.
     nri_barrier: std::sync::Arc<dyn StartBarrier>,
+    /// Start-up so far, logged on `ready`.
+    clock: StartupClock,
 }
 
 /// The sinks under the merger, outermost first: the consumer hub
@@ -411,6 +431,7 @@ impl Discovery<'_> {
             side,
             metrics,
             nri_barrier,
+            mut clock,
         } = self;
         let label = backends.label();
         let Backends {
@@ -484,12 +505,15 @@ impl Discovery<'_> {
                 .await;
             })
         };
+        clock.lap("discovery");
         match primary {
             Primary::Hook { mut hook, .. } => {
                 hook.scan(&mut sink);
+                clock.lap("scan");
                 // After the state scan: what it found is not the informer's.
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
                 ready();
+                clock.log();
                 tracing::info!(
                     tracked = hook.tracked().count(),
                     bpf = hook.has_bpf(),
@@ -502,18 +526,21 @@ impl Discovery<'_> {
             Primary::Informer(informer) => {
                 let task = spawn_informer(informer, sink.clone());
                 ready();
+                clock.log();
                 tracing::info!("ready");
                 stopped.await;
                 stop_informer(&stop_tx, Some(task)).await;
             }
             Primary::NriOnly => {
                 ready();
+                clock.log();
                 tracing::info!("ready");
                 stopped.await;
             }
             Primary::Scan => {
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
                 ready();
+                clock.log();
                 tracing::info!("ready");
                 let mut scanner = Scanner::new(args.host_root.clone(), args.scan_interval);
                 for (runtime, root) in &args.state_roots {

@@ -235,6 +235,20 @@ pub struct RuntimeHook {
     /// fanotify-only mode: execs whose argv could not be read, and the
     /// readers that follow them.
     unread: late::Unread,
+    /// How long [`Builder::build`] took, by phase.
+    startup: StartupTimes,
+}
+
+/// How long [`Builder::build`] took, by phase, so that an agent can report
+/// which part of its start-up a regression is in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartupTimes {
+    /// Loading and attaching the BPF programs (zero without a BPF object).
+    pub bpf: std::time::Duration,
+    /// Creating the fanotify group, starting the answerer and marking the
+    /// runtime binaries.
+    pub marks: std::time::Duration,
 }
 
 impl Drop for RuntimeHook {
@@ -272,10 +286,12 @@ impl RuntimeHook {
             .collect();
         // BPF first: once a binary is marked, an exec without a record is
         // one we can only allow blindly.
+        let started = std::time::Instant::now();
         let mut capture = match &config.bpf_object {
             Some(obj) => Some(ExecCapture::load(obj, &names)?),
             None => None,
         };
+        let bpf = started.elapsed();
         let group = Fanotify::builder()
             .class(Class::Content)
             .report(Report::TID)
@@ -311,12 +327,22 @@ impl RuntimeHook {
             answerer,
             learned_roots,
             unread: late::Unread::new(),
+            startup: StartupTimes::default(),
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
             hook.watch_binary(b)?;
         }
+        hook.startup = StartupTimes {
+            bpf,
+            marks: started.elapsed().saturating_sub(bpf),
+        };
         Ok(hook)
+    }
+
+    /// How long [`Builder::build`] took, by phase.
+    pub fn startup_times(&self) -> StartupTimes {
+        self.startup
     }
 
     /// Marks another runtime binary (found by a later rescan).
