@@ -24,6 +24,8 @@ use crate::util::{cargo, exec, is_root, say, workspace_root};
 mod consumers;
 #[path = "bench_nri.rs"]
 mod nri;
+#[path = "bench_against.rs"]
+mod against;
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -58,10 +60,20 @@ pub struct Options {
     /// then `inode-map`.
     #[arg(long, value_name = "PART", value_parser = part_names())]
     pub only: Option<String>,
+    /// Also build the agent of revision REV (a commit, tag or branch) and
+    /// measure it side by side with this tree's, interleaved scenario by
+    /// scenario on the same machine: each figure is printed for both, with
+    /// their ratio. Runs the `agent` part (consumers included). REV is
+    /// built once, in a git worktree under target/bench/against.
+    #[arg(long, value_name = "REV")]
+    pub against: Option<String>,
     /// Internal: run only the consumers part, in this process, and write
     /// its results to PATH (how a release build of xtask runs it).
     #[arg(long, hide = true, value_name = "PATH")]
     pub consumers_out: Option<PathBuf>,
+    /// Internal: the agent binary `--consumers-out` measures.
+    #[arg(long, hide = true, value_name = "PATH", requires = "consumers_out")]
+    pub agent: Option<PathBuf>,
 }
 
 /// Prints the inode-map table.
@@ -161,6 +173,9 @@ impl Agent {
         let child = Command::new(bin)
             .args(["run", "--output", "json"])
             .args(args)
+            // The start-up phases are a debug line (see `startup`).
+            .env_remove("LOOKOUT_LOG")
+            .env("RUST_LOG", "info,lookout_agent::run::startup=debug")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out)?)
             .stderr(std::fs::File::create(&err)?)
@@ -517,7 +532,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     let paths = Paths::new();
     if let Some(out) = &opts.consumers_out {
         let v = consumers::bench_consumers(
-            &paths.lookout,
+            opts.agent.as_deref().unwrap_or(&paths.lookout),
             &paths.work.join("consumers"),
             opts.gate_rounds,
             opts.watch_churn,
@@ -525,6 +540,9 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         std::fs::write(out, serde_json::to_vec(&v)?)
             .with_context(|| format!("writing {}", out.display()))?;
         return Ok(());
+    }
+    if let Some(rev) = &opts.against {
+        return against::bench_against(opts, &paths, rev);
     }
     let parts = selected(opts.only.as_deref())?;
     build(
@@ -573,38 +591,68 @@ fn utf8(path: &Path) -> anyhow::Result<&str> {
 /// The `agent` part: each measurement below in order, in a fresh scratch
 /// directory, then the consumers.
 fn agent_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
+    let mut reports = agent_runs(opts, paths, &[paths.lookout.as_path()])?;
+    reports.pop().context("one report per agent")
+}
+
+/// The `agent` part's measurements for each of `agents` (release builds of
+/// `lookout`), interleaved: each measurement runs for every agent before
+/// the next one starts, and the order of the agents turns round from one
+/// measurement to the next, so that neither always goes first. One report
+/// per agent, in the order given.
+fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result<Vec<Report>> {
     fresh_dir(&paths.work)?;
-    let exec_us = exec_overhead(opts, paths)?;
-    let startup_ms = startup(paths)?;
+    let n = agents.len();
+    // The agents' indexes in the order of measurement `turn`.
+    let order = |turn: usize| (0..n).map(move |k| (k + turn) % n);
+    let mut exec_us = vec![Value::Null; n];
+    for k in order(0) {
+        exec_us[k] = exec_overhead(opts, paths, agents[k])?;
+    }
+    let startup_ms = startup(paths, agents)?;
     // Idle, discovery, churn and memory share one agent, in this order.
-    let (agent, _) = Agent::start(&paths.lookout, &paths.work, &[])?;
-    let idle_5s = idle(&agent);
-    let discovery_us = discovery(opts, &paths.work, &agent)?;
-    let churn = churn(opts, &paths.work, &agent)?;
-    let memory = heavy_annotations(opts, &paths.work, &agent)?;
-    agent.stop();
+    let mut shared = vec![[Value::Null, Value::Null, Value::Null, Value::Null]; n];
+    for k in order(1) {
+        let (agent, _) = Agent::start(agents[k], &paths.work, &[])?;
+        let idle_5s = idle(&agent);
+        let discovery_us = discovery(opts, &paths.work, &agent)?;
+        let churn = churn(opts, &paths.work, &agent)?;
+        let memory = heavy_annotations(opts, &paths.work, &agent)?;
+        agent.stop();
+        shared[k] = [idle_5s, discovery_us, churn, memory];
+    }
     // Consumers: gate subscribers and watchers (issue #12).
-    let consumer_report = consumers::bench_consumers_release(opts, &paths.work)?;
+    let mut consumer_reports = vec![Value::Null; n];
+    for k in order(2) {
+        consumer_reports[k] = consumers::bench_consumers_release(opts, &paths.work, agents[k])?;
+    }
 
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    Ok(entries([
-        ("kernel", json!(kernel.trim())),
-        ("cpus", json!(cpus)),
-        ("exec_us", exec_us),
-        ("startup_ms", startup_ms),
-        ("idle_5s", idle_5s),
-        ("discovery_us", discovery_us),
-        ("churn", churn),
-        ("memory_heavy_annotations", memory),
-        ("consumers", consumer_report),
-    ]))
+    let mut reports = Vec::with_capacity(n);
+    for (((exec_us, startup_ms), shared), consumer_report) in
+        exec_us.into_iter().zip(startup_ms).zip(shared).zip(consumer_reports)
+    {
+        let [idle_5s, discovery_us, churn, memory] = shared;
+        reports.push(entries([
+            ("kernel", json!(kernel.trim())),
+            ("cpus", json!(cpus)),
+            ("exec_us", exec_us),
+            ("startup_ms", startup_ms),
+            ("idle_5s", idle_5s),
+            ("discovery_us", discovery_us),
+            ("churn", churn),
+            ("memory_heavy_annotations", memory),
+            ("consumers", consumer_report),
+        ]));
+    }
+    Ok(reports)
 }
 
 /// Exec overhead: the time (us) to fork, exec and wait for a static no-op
 /// with no listener, under the allow-all floor responder, and watched by
 /// lookout (named `runc`), interleaved in a new random order every round.
-fn exec_overhead(opts: &Options, paths: &Paths) -> anyhow::Result<Value> {
+fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Result<Value> {
     let work = &paths.work;
     std::fs::create_dir_all(work.join("bin"))?;
     // A no-op static binary named like a runtime: its exec cost is all
@@ -646,7 +694,7 @@ fn exec_overhead(opts: &Options, paths: &Paths) -> anyhow::Result<Value> {
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", paths.floor.display()))?;
-    let (a, _) = Agent::start(&paths.lookout, work, &["--runtime-path", fake_s])?;
+    let (a, _) = Agent::start(lookout, work, &["--runtime-path", fake_s])?;
     std::thread::sleep(Duration::from_millis(200));
     // The three files must be in the same page-cache state: a file that
     // `cp` or the linker just wrote sits in the cache in other folio sizes
@@ -687,17 +735,71 @@ fn exec_overhead(opts: &Options, paths: &Paths) -> anyhow::Result<Value> {
     }))
 }
 
-/// Start-up: spawn to the agent's `ready` log line (probe, BPF load, marks,
-/// state scan), 3 starts, in ms.
-fn startup(paths: &Paths) -> anyhow::Result<Value> {
-    say("bench", "start-up time to ready (3 starts)");
-    let mut startups = Vec::new();
-    for _ in 0..3 {
-        let (a, t) = Agent::start(&paths.lookout, &paths.work, &[])?;
-        startups.push(t.as_secs_f64() * 1e3);
-        a.stop();
+/// Starts of each agent in the start-up measurement.
+const STARTS: usize = 5;
+
+/// Start-up: spawn to the agent's `ready` log line, [`STARTS`] starts of
+/// each of `agents` (interleaved), in ms; and each phase's p50 from the
+/// agent's `start-up phases` debug line (probe, BPF load, marks, scan, ...),
+/// with `outside` the time spawn to ready that the agent did not count
+/// (exec, the dynamic loader, the log's way to the benchmark). An agent
+/// too old to log its phases has none.
+fn startup(paths: &Paths, agents: &[&Path]) -> anyhow::Result<Vec<Value>> {
+    say(
+        "bench",
+        &format!("start-up time to ready ({STARTS} starts per agent)"),
+    );
+    let mut times = vec![Vec::new(); agents.len()];
+    let mut phases: Vec<Vec<(String, f64)>> = vec![Vec::new(); agents.len()];
+    for round in 0..STARTS {
+        for k in (0..agents.len()).map(|k| (k + round) % agents.len()) {
+            let (a, t) = Agent::start(agents[k], &paths.work, &[])?;
+            let ms = t.as_secs_f64() * 1e3;
+            times[k].push(ms);
+            let log = a.stderr();
+            a.stop();
+            let laps = startup_phases(&log);
+            if let Some((_, total)) = laps.iter().find(|(name, _)| name == "total") {
+                phases[k].push(("outside".to_owned(), ms - total));
+            }
+            phases[k].extend(laps);
+        }
     }
-    Ok(stats(&startups))
+    Ok(times
+        .iter()
+        .zip(phases)
+        .map(|(times, laps)| {
+            let mut by_phase: Vec<(String, Vec<f64>)> = Vec::new();
+            for (name, ms) in laps {
+                match by_phase.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, v)) => v.push(ms),
+                    None => by_phase.push((name, vec![ms])),
+                }
+            }
+            let p50: serde_json::Map<String, Value> = by_phase
+                .into_iter()
+                .map(|(name, mut v)| (name, json!(pct(&mut v, 0.5))))
+                .collect();
+            let mut v = stats(times);
+            v["phases_p50"] = Value::Object(p50);
+            v
+        })
+        .collect())
+}
+
+/// The phases of the agent's `start-up phases: probe=12.3ms ... total=..ms`
+/// line in `log`, in order, in ms; none if it has no such line.
+fn startup_phases(log: &str) -> Vec<(String, f64)> {
+    let Some(line) = log.lines().find(|l| l.contains("start-up phases: ")) else {
+        return Vec::new();
+    };
+    let rest = line.split("start-up phases: ").nth(1).unwrap_or_default();
+    rest.split_whitespace()
+        .filter_map(|pair| {
+            let (name, ms) = pair.split_once('=')?;
+            Some((name.to_owned(), ms.strip_suffix("ms")?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Idle cost: `agent`'s CPU ticks and voluntary context switches over 5 s
@@ -943,7 +1045,7 @@ fn wait_until(every: Duration, mut done: impl FnMut() -> bool) {
 /// The `consumers` part alone, in a fresh scratch directory.
 fn consumers_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
     fresh_dir(&paths.work)?;
-    let v = consumers::bench_consumers_release(opts, &paths.work)?;
+    let v = consumers::bench_consumers_release(opts, &paths.work, &paths.lookout)?;
     Ok(entries([("consumers", v)]))
 }
 
@@ -990,6 +1092,16 @@ fn print_agent(report: &Value) {
         g(&report["startup_ms"], "max")
     );
     println!();
+    if let Some(phases) = report["startup_ms"]["phases_p50"]
+        .as_object()
+        .filter(|p| !p.is_empty())
+    {
+        let line: Vec<String> = phases
+            .iter()
+            .map(|(name, ms)| format!("{name} {:.1}", ms.as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        println!("start-up phases, p50 (ms): {}", line.join(", "));
+    }
     println!(
         "exec overhead over no listener (p50): floor {:.0} us, lookout {:.0} us",
         g(x, "overhead_floor_p50_us"),
@@ -1057,6 +1169,19 @@ mod tests {
             assert!(err.contains(name), "{err}");
             assert!(msg.as_deref().is_some_and(|m| m.contains(name)), "{msg:?}");
         }
+    }
+
+    #[test]
+    fn the_start_up_phases_are_read_from_the_agents_debug_line() {
+        let log = "2026-12-03T03:00:00Z  INFO lookout_agent::serve: serving\n\
+                   2026-12-03T03:00:00Z DEBUG lookout_agent::run::startup: start-up phases: \
+                   runtimes=0.4ms probe=31.5ms bpf=120.0ms total=160.2ms\n";
+        let phases = startup_phases(log);
+        let names: Vec<&str> = phases.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["runtimes", "probe", "bpf", "total"]);
+        assert_eq!(phases[1].1, 31.5);
+        assert!(startup_phases("ready\n").is_empty());
+        assert!(startup_phases("start-up phases: probe=x total=1ms").len() == 1);
     }
 
     #[test]

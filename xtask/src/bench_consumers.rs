@@ -253,7 +253,11 @@ async fn watch(
 /// N.B. The consumers are part of what is measured, and `cargo xtask`
 /// builds xtask without optimisation: there a `List` round trip took 330 us
 /// against 120 us optimised, and a hold 420 us against 280 us.
-pub fn bench_consumers_release(opts: &super::Options, work: &Path) -> anyhow::Result<Value> {
+pub fn bench_consumers_release(
+    opts: &super::Options,
+    work: &Path,
+    lookout: &Path,
+) -> anyhow::Result<Value> {
     exec(
         "build",
         cargo().args(["build", "-j2", "--release", "-p", "xtask"]),
@@ -267,7 +271,9 @@ pub fn bench_consumers_release(opts: &super::Options, work: &Path) -> anyhow::Re
             .arg(format!("--gate-rounds={}", opts.gate_rounds))
             .arg(format!("--watch-churn={}", opts.watch_churn))
             .arg("--consumers-out")
-            .arg(&out),
+            .arg(&out)
+            .arg("--agent")
+            .arg(lookout),
         "see the error above",
     )?;
     Ok(serde_json::from_slice(&std::fs::read(&out)?)?)

@@ -1,0 +1,356 @@
+//! `cargo xtask bench --against REV`: this tree's agent and revision REV's,
+//! measured side by side in one run (see [`super::agent_runs`]), each
+//! figure printed for both with their ratio. On these noisy machines a
+//! change shows it did not regress only this way: two runs an hour apart
+//! differ by more than most changes.
+//!
+//! REV is checked out once in a git worktree, `target/bench/against/<sha>`,
+//! and built there (its own `cargo xtask build-ebpf`, then the release
+//! agent) with a target directory shared by every such revision,
+//! `target/bench/against/target`. The agent is kept as
+//! `target/bench/against/lookout-<sha>`, so a second run does not build it
+//! again.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use super::{Needs, Options, Paths, agent_runs, build, print_agent};
+use crate::util::{exec, output, say, workspace_root};
+
+/// Measures this tree's agent and `rev`'s side by side; writes both
+/// reports and the comparison to report.json and prints them.
+pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result<()> {
+    if let Some(only) = opts.only.as_deref().filter(|o| *o != "agent") {
+        bail!("--against compares the `agent` part (consumers included); not --only {only}");
+    }
+    let sha = resolve(rev)?;
+    let here = describe_head();
+    build(Needs::AgentAndFloor)?;
+    let theirs = build_revision(&sha)?;
+    say(
+        "bench",
+        &format!("this tree ({here}) against {rev} ({sha:.12}), interleaved"),
+    );
+    let mut reports = agent_runs(opts, paths, &[paths.lookout.as_path(), theirs.as_path()])?;
+    let against = reports.pop().context("two reports")?;
+    let this = reports.pop().context("two reports")?;
+    let (this, against) = (Value::Object(this), Value::Object(against));
+    let rows = compare(&this, &against);
+    let report = json!({
+        "this": this,
+        "this_rev": here,
+        "against": against,
+        "against_rev": sha,
+        "comparison": rows,
+    });
+    std::fs::create_dir_all(&paths.out_dir)?;
+    let path = paths.out_dir.join("report.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("\n## this tree ({here})");
+    print_agent(&report["this"]);
+    println!("\n## {rev} ({sha:.12})");
+    print_agent(&report["against"]);
+    print_comparison(&report["comparison"], &format!("{rev} ({sha:.10})"));
+    println!("report: {}", path.display());
+    Ok(())
+}
+
+/// `rev`'s full commit id.
+fn resolve(rev: &str) -> anyhow::Result<String> {
+    let out = output(
+        Command::new("git")
+            .current_dir(workspace_root())
+            .args(["rev-parse", "--verify", "--quiet"])
+            .arg(format!("{rev}^{{commit}}")),
+    );
+    match out.map(|s| s.trim().to_owned()) {
+        Some(sha) if sha.len() == 40 => Ok(sha),
+        _ => bail!("--against {rev}: not a commit in this repository (git rev-parse)"),
+    }
+}
+
+/// HEAD's short id, with `+changes` when the tree differs from it.
+fn describe_head() -> String {
+    let git = |args: &[&str]| {
+        output(
+            Command::new("git")
+                .current_dir(workspace_root())
+                .args(args),
+        )
+        .unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short=10", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])
+        .trim()
+        .is_empty();
+    format!("{}{}", head.trim(), if dirty { "+changes" } else { "" })
+}
+
+/// Builds revision `sha`'s release agent (once) and returns its path.
+fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
+    let base = workspace_root().join("target/bench/against");
+    let kept = base.join(format!("lookout-{sha}"));
+    if kept.is_file() {
+        say(
+            "bench",
+            &format!("using {} (built before)", kept.display()),
+        );
+        return Ok(kept);
+    }
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let tree = base.join(sha);
+    if !tree.join("Cargo.toml").is_file() {
+        // A half-made worktree from an interrupted run: start over.
+        let _ = std::fs::remove_dir_all(&tree);
+        let _ = Command::new("git")
+            .current_dir(workspace_root())
+            .args(["worktree", "prune"])
+            .status();
+        exec(
+            "bench",
+            Command::new("git")
+                .current_dir(workspace_root())
+                .args(["worktree", "add", "--detach"])
+                .arg(&tree)
+                .arg(sha),
+            "see git's message above",
+        )?;
+    }
+    let target = base.join("target");
+    let cargo = |args: &[&str]| {
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(&tree)
+            .args(args)
+            .env("CARGO_TARGET_DIR", &target)
+            // The revision's own toolchain file decides, not ours.
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("LOOKOUT_EBPF_OBJECT");
+        cmd
+    };
+    // Its own BPF object: the programs are part of what is compared.
+    exec(
+        "bench",
+        &mut cargo(&["xtask", "build-ebpf"]),
+        "the revision's BPF object did not build; see above",
+    )?;
+    exec(
+        "bench",
+        &mut cargo(&[
+            "build",
+            "-j2",
+            "--release",
+            "-p",
+            "lookout-agent",
+            "--bin",
+            "lookout",
+        ]),
+        "the revision's agent did not build; see above",
+    )?;
+    let built = target.join("release/lookout");
+    std::fs::copy(&built, &kept)
+        .with_context(|| format!("copying {} to {}", built.display(), kept.display()))?;
+    Ok(kept)
+}
+
+/// One figure of the comparison: what it is, its goal (at most), and how
+/// to read it from one agent's report.
+struct Row {
+    name: &'static str,
+    goal: Option<f64>,
+    read: fn(&Value) -> Option<f64>,
+}
+
+/// `report[a][b]..` as a number.
+fn at(report: &Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(report, |v, k| v.get(k))?.as_f64()
+}
+
+/// The figures issue #29 sets goals for, in its order.
+const ROWS: &[Row] = &[
+    Row {
+        name: "agent CPU per event, no consumer (us)",
+        goal: Some(100.0),
+        read: |r| {
+            at(
+                r,
+                &["consumers", "watchers", "without", "cpu_clock_per_event_us"],
+            )
+        },
+    },
+    Row {
+        name: "agent CPU per container, churn (ms)",
+        goal: Some(0.2),
+        read: |r| Some(at(r, &["churn", "cpu_s"])? * 1e3 / at(r, &["churn", "containers"])?),
+    },
+    Row {
+        name: "added per watcher and event (us)",
+        goal: Some(3.0),
+        read: |r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "watchers",
+                    "added_cpu_clock_per_watcher_event_us",
+                ],
+            )
+        },
+    },
+    Row {
+        name: "start-up to ready, p50 (ms)",
+        goal: Some(150.0),
+        read: |r| at(r, &["startup_ms", "p50"]),
+    },
+    Row {
+        name: "idle RSS (MB)",
+        goal: Some(10.0),
+        read: |r| Some(at(r, &["idle_5s", "rss_kb"])? / 1e3),
+    },
+    Row {
+        name: "RSS, heavy annotations, all tracked (MB)",
+        // Twice the annotations held: containers x 64 KiB.
+        goal: None,
+        read: |r| Some(at(r, &["memory_heavy_annotations", "rss_all_tracked_kb"])? / 1e3),
+    },
+    Row {
+        name: "create exit -> Added, p99 (us)",
+        goal: Some(300.0),
+        read: |r| at(r, &["discovery_us", "create_exit_to_added", "p99"]),
+    },
+    Row {
+        name: "container exit -> Removed, p99 (us)",
+        goal: Some(300.0),
+        read: |r| at(r, &["discovery_us", "exit_to_removed", "p99"]),
+    },
+    Row {
+        name: "exec beyond the allow-all floor, p50 (us)",
+        goal: Some(5.0),
+        read: |r| {
+            Some(
+                at(r, &["exec_us", "overhead_lookout_p50_us"])?
+                    - at(r, &["exec_us", "overhead_floor_p50_us"])?,
+            )
+        },
+    },
+    Row {
+        name: "runc start back to back, 1 subscriber, paired p50 (us)",
+        goal: Some(150.0),
+        read: |r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "gate_start_us",
+                    "subscribers_1",
+                    "back_to_back_added_paired_p50_us",
+                ],
+            )
+        },
+    },
+];
+
+/// The goal of the heavy-annotations row: twice the data held.
+fn heavy_goal_mb(report: &Value) -> Option<f64> {
+    let m = &report["memory_heavy_annotations"];
+    Some(2.0 * m["containers"].as_f64()? * m["annotation_bytes_each"].as_f64()? / 1e6)
+}
+
+/// The comparison rows: each figure for both agents, their ratio, the goal.
+fn compare(this: &Value, against: &Value) -> Value {
+    ROWS.iter()
+        .map(|row| {
+            let (a, b) = ((row.read)(this), (row.read)(against));
+            let goal = row.goal.or_else(|| heavy_goal_mb(this));
+            json!({
+                "measure": row.name,
+                "this": a,
+                "against": b,
+                "ratio": a.zip(b).map(|(a, b)| a / b),
+                "goal_at_most": goal,
+                "goal_met": a.zip(goal).map(|(a, g)| a <= g),
+            })
+        })
+        .collect()
+}
+
+/// Prints the comparison table.
+fn print_comparison(rows: &Value, against: &str) {
+    let num = |v: &Value| match v.as_f64() {
+        Some(x) if x.abs() >= 100.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.2}"),
+        None => "-".to_owned(),
+    };
+    println!("\n| measure | this tree | {against} | this / that | goal | met |");
+    println!("|---|---|---|---|---|---|");
+    for r in rows.as_array().map(Vec::as_slice).unwrap_or_default() {
+        println!(
+            "| {} | {} | {} | {} | <= {} | {} |",
+            r["measure"].as_str().unwrap_or_default(),
+            num(&r["this"]),
+            num(&r["against"]),
+            num(&r["ratio"]),
+            num(&r["goal_at_most"]),
+            match r["goal_met"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn each_row_reads_its_figure_and_a_missing_one_is_none() {
+        let report = json!({
+            "churn": {"cpu_s": 0.5, "containers": 500},
+            "startup_ms": {"p50": 200.0},
+            "idle_5s": {"rss_kb": 9000},
+            "memory_heavy_annotations": {"containers": 200, "annotation_bytes_each": 65536,
+                "rss_all_tracked_kb": 30000},
+            "exec_us": {"overhead_lookout_p50_us": 12.0, "overhead_floor_p50_us": 9.0},
+        });
+        let rows = compare(&report, &json!({}));
+        let by = |name: &str| {
+            rows.as_array()
+                .and_then(|r| r.iter().find(|r| r["measure"] == name))
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert_eq!(by("agent CPU per container, churn (ms)")["this"], json!(1.0));
+        assert_eq!(by("idle RSS (MB)")["goal_met"], json!(true));
+        assert_eq!(by("start-up to ready, p50 (ms)")["goal_met"], json!(false));
+        assert_eq!(by("exec beyond the allow-all floor, p50 (us)")["this"], json!(3.0));
+        let heavy = by("RSS, heavy annotations, all tracked (MB)");
+        assert_eq!(heavy["goal_at_most"], json!(26.2144));
+        assert_eq!(heavy["goal_met"], json!(false));
+        // The other agent's report has none of them: no ratio.
+        assert!(rows.as_array().is_some_and(|r| r.iter().all(|r| r["ratio"].is_null())));
+        assert!(by("added per watcher and event (us)")["this"].is_null());
+    }
+
+    #[test]
+    fn an_unknown_revision_is_refused_by_name() {
+        let err = resolve("no-such-rev-29").expect_err("not a commit");
+        assert!(err.to_string().contains("--against no-such-rev-29"), "{err}");
+    }
+
+    #[test]
+    fn the_paths_are_under_target_bench_against() {
+        // The worktree and its target directory must stay out of the
+        // scratch directory the benchmark empties.
+        let paths = Paths::new();
+        let base = workspace_root().join("target/bench/against");
+        assert!(!base.starts_with(&paths.work));
+        assert!(Path::new(&base).starts_with(&paths.out_dir));
+    }
+}
