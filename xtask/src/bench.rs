@@ -20,12 +20,12 @@ use crate::util::{cargo, exec, is_root, say, workspace_root};
 
 // A child of this module (it shares the helpers below); its file sits
 // beside this one.
+#[path = "bench_against.rs"]
+mod against;
 #[path = "bench_consumers.rs"]
 mod consumers;
 #[path = "bench_nri.rs"]
 mod nri;
-#[path = "bench_against.rs"]
-mod against;
 
 #[derive(Debug, clap::Args)]
 pub struct Options {
@@ -630,8 +630,11 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut reports = Vec::with_capacity(n);
-    for (((exec_us, startup_ms), shared), consumer_report) in
-        exec_us.into_iter().zip(startup_ms).zip(shared).zip(consumer_reports)
+    for (((exec_us, startup_ms), shared), consumer_report) in exec_us
+        .into_iter()
+        .zip(startup_ms)
+        .zip(shared)
+        .zip(consumer_reports)
     {
         let [idle_5s, discovery_us, churn, memory] = shared;
         reports.push(entries([

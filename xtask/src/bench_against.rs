@@ -76,12 +76,7 @@ fn resolve(rev: &str) -> anyhow::Result<String> {
 /// HEAD's short id, with `+changes` when the tree differs from it.
 fn describe_head() -> String {
     let git = |args: &[&str]| {
-        output(
-            Command::new("git")
-                .current_dir(workspace_root())
-                .args(args),
-        )
-        .unwrap_or_default()
+        output(Command::new("git").current_dir(workspace_root()).args(args)).unwrap_or_default()
     };
     let head = git(&["rev-parse", "--short=10", "HEAD"]);
     let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])
@@ -95,10 +90,7 @@ fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
     let base = workspace_root().join("target/bench/against");
     let kept = base.join(format!("lookout-{sha}"));
     if kept.is_file() {
-        say(
-            "bench",
-            &format!("using {} (built before)", kept.display()),
-        );
+        say("bench", &format!("using {} (built before)", kept.display()));
         return Ok(kept);
     }
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
@@ -326,22 +318,34 @@ mod tests {
                 .cloned()
                 .unwrap_or_default()
         };
-        assert_eq!(by("agent CPU per container, churn (ms)")["this"], json!(1.0));
+        assert_eq!(
+            by("agent CPU per container, churn (ms)")["this"],
+            json!(1.0)
+        );
         assert_eq!(by("idle RSS (MB)")["goal_met"], json!(true));
         assert_eq!(by("start-up to ready, p50 (ms)")["goal_met"], json!(false));
-        assert_eq!(by("exec beyond the allow-all floor, p50 (us)")["this"], json!(3.0));
+        assert_eq!(
+            by("exec beyond the allow-all floor, p50 (us)")["this"],
+            json!(3.0)
+        );
         let heavy = by("RSS, heavy annotations, all tracked (MB)");
         assert_eq!(heavy["goal_at_most"], json!(26.2144));
         assert_eq!(heavy["goal_met"], json!(false));
         // The other agent's report has none of them: no ratio.
-        assert!(rows.as_array().is_some_and(|r| r.iter().all(|r| r["ratio"].is_null())));
+        assert!(
+            rows.as_array()
+                .is_some_and(|r| r.iter().all(|r| r["ratio"].is_null()))
+        );
         assert!(by("added per watcher and event (us)")["this"].is_null());
     }
 
     #[test]
     fn an_unknown_revision_is_refused_by_name() {
         let err = resolve("no-such-rev-29").expect_err("not a commit");
-        assert!(err.to_string().contains("--against no-such-rev-29"), "{err}");
+        assert!(
+            err.to_string().contains("--against no-such-rev-29"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -44,16 +44,14 @@ impl Reader {
         }
         let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(RUNNING));
         let thread_state = std::sync::Arc::clone(&state);
-        std::thread::Builder::new()
-            .name("lookout-config".into())
-            .spawn(move || {
-                let out = f();
-                if thread_state.swap(DONE, Ordering::AcqRel) == ABANDONED {
-                    STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
-                }
-                send(out);
-            })
-            .map_err(|_| "cannot start a reader thread")?;
+        let job: Job = Box::new(move || {
+            let out = f();
+            if thread_state.swap(DONE, Ordering::AcqRel) == ABANDONED {
+                STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
+            }
+            send(out);
+        });
+        pool::run(job).map_err(|_| "cannot start a reader thread")?;
         Ok(Reader { state })
     }
 
@@ -67,6 +65,102 @@ impl Reader {
             .is_ok()
         {
             STUCK_READERS.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A read, with the hand-over of its result.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Reader threads kept for the next read. A read goes to an idle reader,
+/// or to a new thread when none is idle, so a reader blocked on a hung file
+/// system holds up only its own read, as one thread per read would; what
+/// the pool saves is a thread start and exit per read (a clone, a stack
+/// mapped and unmapped, and the wakeups), three times per container.
+mod pool {
+    use std::sync::Mutex;
+    use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+    use std::time::Duration;
+
+    use super::Job;
+
+    /// How long an idle reader waits for a read before it ends.
+    const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+    /// Idle readers kept at most; a burst's extra ones end after their read.
+    const MAX_IDLE: usize = 16;
+
+    /// An idle reader: its number and where it takes its next read.
+    struct Idle {
+        id: u64,
+        jobs: SyncSender<Job>,
+    }
+
+    static IDLE: Mutex<Vec<Idle>> = Mutex::new(Vec::new());
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// Readers idle now.
+    #[cfg(test)]
+    pub(super) fn idle() -> usize {
+        IDLE.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Runs `job` on an idle reader, or on a new one.
+    pub(super) fn run(mut job: Job) -> std::io::Result<()> {
+        loop {
+            let idle = IDLE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(idle) = idle else { break };
+            // N.B. A reader taken off the list is committed to take its
+            // read (see `wait`); a send fails only if it is gone.
+            match idle.jobs.send(job) {
+                Ok(()) => return Ok(()),
+                Err(back) => job = back.0,
+            }
+        }
+        let (tx, rx) = sync_channel(1);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("lookout-config".into())
+            .spawn(move || {
+                let mut job = job;
+                loop {
+                    job();
+                    match wait(id, &tx, &rx) {
+                        Some(next) => job = next,
+                        None => return,
+                    }
+                }
+            })
+            .map(drop)
+    }
+
+    /// After a read: waits, on the idle list, for the next one; `None` when
+    /// none came within [`KEEP_ALIVE`] (or the list is full).
+    fn wait(id: u64, tx: &SyncSender<Job>, rx: &Receiver<Job>) -> Option<Job> {
+        {
+            let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() >= MAX_IDLE {
+                return None;
+            }
+            idle.push(Idle {
+                id,
+                jobs: tx.clone(),
+            });
+        }
+        if let Ok(job) = rx.recv_timeout(KEEP_ALIVE) {
+            return Some(job);
+        }
+        let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+        match idle.iter().position(|i| i.id == id) {
+            Some(at) => {
+                idle.swap_remove(at);
+                None
+            }
+            // Taken off the list by `run` meanwhile: its read is on the way.
+            None => {
+                drop(idle);
+                rx.recv().ok()
+            }
         }
     }
 }
@@ -138,6 +232,45 @@ mod tests {
         for (i, t) in threads.into_iter().enumerate() {
             assert_eq!(t.join().expect("thread"), Ok(i));
         }
+    }
+
+    #[test]
+    fn readers_are_kept_for_the_next_read_and_a_busy_one_is_not_waited_for() {
+        let _serial = STUCK_COUNT_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::time::Duration;
+        let tid = || format!("{:?}", std::thread::current().id());
+        // One read after another: a kept reader takes them. (A reader
+        // goes idle just after it hands its result over, and other tests'
+        // reads may take it: wait for one to be idle, and count threads.)
+        let mut threads = std::collections::HashSet::new();
+        for _ in 0..20 {
+            let t = std::time::Instant::now();
+            while pool::idle() == 0 && t.elapsed() < Duration::from_secs(2) {
+                std::thread::yield_now();
+            }
+            threads.insert(bounded(Duration::from_secs(5), tid).expect("read"));
+        }
+        assert!(
+            threads.len() <= 10,
+            "{} threads for 20 reads",
+            threads.len()
+        );
+        // A reader that is busy (a hung file system) is not handed the
+        // next read: that one runs at once, on another thread.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let busy = std::thread::spawn(move || {
+            bounded(Duration::from_secs(5), move || {
+                let _ = release_rx.recv();
+                tid()
+            })
+        });
+        for _ in 0..5 {
+            let other = bounded(Duration::from_millis(500), tid);
+            assert!(other.is_ok(), "a read waited for a busy reader: {other:?}");
+        }
+        drop(release_tx);
+        let busy = busy.join().expect("thread");
+        assert!(busy.is_ok());
     }
 
     #[test]

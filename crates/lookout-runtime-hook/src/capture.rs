@@ -217,10 +217,7 @@ fn load_side_by_side(ebpf: &mut aya::Ebpf, names: &[&str]) -> Result<(), Error> 
     std::thread::scope(|scope| {
         let mut loads = Vec::with_capacity(programs.len());
         for (name, p) in programs {
-            let load = move || {
-                p.load()
-                    .map_err(|e| bpf_err(&format!("loading {name}"), e))
-            };
+            let load = move || p.load().map_err(|e| bpf_err(&format!("loading {name}"), e));
             // A thread that cannot start: load here instead.
             match std::thread::Builder::new()
                 .name("lookout-bpf-load".into())
@@ -237,8 +234,9 @@ fn load_side_by_side(ebpf: &mut aya::Ebpf, names: &[&str]) -> Result<(), Error> 
         loads
             .into_iter()
             .map(|(name, h)| {
-                h.join()
-                    .unwrap_or_else(|_| Err(missing(format!("loading {name}: the thread panicked"))))
+                h.join().unwrap_or_else(|_| {
+                    Err(missing(format!("loading {name}: the thread panicked")))
+                })
             })
             .collect::<Result<Vec<()>, Error>>()
     })?;
