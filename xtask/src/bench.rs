@@ -335,6 +335,9 @@ fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     for a in ["sh", "sleep", "true"] {
         let _ = std::os::unix::fs::symlink("busybox", dir.join("rootfs/bin").join(a));
     }
+    // `runc spec` refuses to overwrite: the bundle of an earlier agent of
+    // the same run (`--against`) is made again.
+    let _ = std::fs::remove_file(dir.join("config.json"));
     let st = Command::new("runc")
         .args(["spec", "--bundle"])
         .arg(dir)

@@ -143,7 +143,7 @@ fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
         "the revision's agent did not build; see above",
     )?;
     let built = target.join("release/lookout");
-    std::fs::copy(&built, &kept)
+    lookout_testsupport::install_executable(&built, &kept)
         .with_context(|| format!("copying {} to {}", built.display(), kept.display()))?;
     Ok(kept)
 }
