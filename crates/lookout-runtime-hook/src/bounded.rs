@@ -45,11 +45,16 @@ impl Reader {
         let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(RUNNING));
         let thread_state = std::sync::Arc::clone(&state);
         let job: Job = Box::new(move || {
-            let out = f();
+            // A read that panics is done too: it must not count as stuck
+            // for ever, and its reader stays usable. Its waiter hears that
+            // no answer comes (`send` is dropped unused).
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             if thread_state.swap(DONE, Ordering::AcqRel) == ABANDONED {
                 STUCK_READERS.fetch_sub(1, Ordering::AcqRel);
             }
-            send(out);
+            if let Ok(out) = out {
+                send(out);
+            }
         });
         pool::run(job).map_err(|_| "cannot start a reader thread")?;
         Ok(Reader { state })
@@ -165,6 +170,8 @@ mod pool {
     }
 }
 
+const NO_ANSWER: &str = "the reader thread ended without an answer";
+
 const TOO_LATE: &str = "not read within the deadline (a hung file system?)";
 
 /// [`bounded`] for async callers: the task is not blocked while the helper
@@ -179,7 +186,7 @@ pub(crate) async fn bounded_async<T: Send + 'static>(
     })?;
     match tokio::time::timeout(deadline, rx).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(_)) => Err("the reader thread ended without an answer"),
+        Ok(Err(_)) => Err(NO_ANSWER),
         Err(_) => {
             reader.abandon();
             Err(TOO_LATE)
@@ -199,9 +206,12 @@ pub(crate) fn bounded<T: Send + 'static>(
     let reader = Reader::start(f, move |out| {
         let _ = tx.send(out);
     })?;
-    rx.recv_timeout(deadline).map_err(|_| {
-        reader.abandon();
-        TOO_LATE
+    rx.recv_timeout(deadline).map_err(|e| match e {
+        std::sync::mpsc::RecvTimeoutError::Timeout => {
+            reader.abandon();
+            TOO_LATE
+        }
+        std::sync::mpsc::RecvTimeoutError::Disconnected => NO_ANSWER,
     })
 }
 
@@ -271,6 +281,23 @@ mod tests {
         drop(release_tx);
         let busy = busy.join().expect("thread");
         assert!(busy.is_ok());
+    }
+
+    #[test]
+    fn a_read_that_panics_is_no_answer_and_never_counts_as_stuck() {
+        let _serial = STUCK_COUNT_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::sync::atomic::Ordering;
+        use std::time::{Duration, Instant};
+        let stuck = STUCK_READERS.load(Ordering::Acquire);
+        for _ in 0..MAX_STUCK_READERS + 2 {
+            let t = Instant::now();
+            let out: Result<u8, _> = bounded(Duration::from_secs(5), || panic!("a reader's bug"));
+            assert_eq!(out, Err(NO_ANSWER));
+            assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        }
+        assert_eq!(STUCK_READERS.load(Ordering::Acquire), stuck);
+        // Reads still run afterwards.
+        assert_eq!(bounded(Duration::from_secs(5), || 3), Ok(3));
     }
 
     #[test]
