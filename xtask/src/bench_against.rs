@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::{Needs, Options, Paths, agent_runs, build, print_agent};
-use crate::util::{exec, output, say, workspace_root};
+use crate::util::{cargo, exec, output, say, workspace_root};
 
 /// Measures this tree's agent and `rev`'s side by side; writes both
 /// reports and the comparison to report.json and prints them.
@@ -113,8 +113,8 @@ fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
         )?;
     }
     let target = base.join("target");
-    let cargo = |args: &[&str]| {
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let in_tree = |args: &[&str]| {
+        let mut cmd = cargo();
         cmd.current_dir(&tree)
             .args(args)
             .env("CARGO_TARGET_DIR", &target)
@@ -126,12 +126,12 @@ fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
     // Its own BPF object: the programs are part of what is compared.
     exec(
         "bench",
-        &mut cargo(&["xtask", "build-ebpf"]),
+        &mut in_tree(&["xtask", "build-ebpf"]),
         "the revision's BPF object did not build; see above",
     )?;
     exec(
         "bench",
-        &mut cargo(&[
+        &mut in_tree(&[
             "build",
             "-j2",
             "--release",

@@ -506,14 +506,18 @@ impl Discovery<'_> {
             })
         };
         clock.lap("discovery");
+        // Ready, and how long it took to be, once per mode below.
+        let ready = move |clock: &StartupClock| {
+            ready();
+            clock.log();
+        };
         match primary {
             Primary::Hook { mut hook, .. } => {
                 hook.scan(&mut sink);
                 clock.lap("scan");
                 // After the state scan: what it found is not the informer's.
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
-                ready();
-                clock.log();
+                ready(&clock);
                 tracing::info!(
                     tracked = hook.tracked().count(),
                     bpf = hook.has_bpf(),
@@ -525,22 +529,19 @@ impl Discovery<'_> {
             }
             Primary::Informer(informer) => {
                 let task = spawn_informer(informer, sink.clone());
-                ready();
-                clock.log();
+                ready(&clock);
                 tracing::info!("ready");
                 stopped.await;
                 stop_informer(&stop_tx, Some(task)).await;
             }
             Primary::NriOnly => {
-                ready();
-                clock.log();
+                ready(&clock);
                 tracing::info!("ready");
                 stopped.await;
             }
             Primary::Scan => {
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));
-                ready();
-                clock.log();
+                ready(&clock);
                 tracing::info!("ready");
                 let mut scanner = Scanner::new(args.host_root.clone(), args.scan_interval);
                 for (runtime, root) in &args.state_roots {
