@@ -72,8 +72,10 @@ impl<S: Sink> Sink for MergeSink<S> {
         // N.B. a poisoned lock only means an earlier emit panicked; the
         // table is still consistent (it is updated before the write).
         let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(index) = &m.index {
-            index.enrich(&mut event.container);
+        // The record is shared with the hook's table: copied only when the
+        // informer adds something.
+        if let Some(k) = m.index.as_ref().and_then(|i| i.enriched(&event.container)) {
+            Arc::make_mut(&mut event.container).kubernetes = Some(k);
         }
         let id = event.container.id.clone();
         match event.event {

@@ -142,21 +142,32 @@ impl Index {
     /// container reported at `create` is not in any pod status yet, but
     /// its pod is).
     pub fn enrich(&self, c: &mut Container) {
-        let Ok(inner) = self.inner.read() else { return };
-        if let Some(k) = inner.by_id.get(&c.id) {
-            let mine = c.kubernetes.get_or_insert_with(Kubernetes::default);
-            mine.namespace = mine.namespace.take().or_else(|| k.namespace.clone());
-            mine.pod = mine.pod.take().or_else(|| k.pod.clone());
-            mine.pod_uid = mine.pod_uid.take().or_else(|| k.pod_uid.clone());
-            mine.container = mine.container.take().or_else(|| k.container.clone());
-            mine.image = mine.image.take().or_else(|| k.image.clone());
+        if let Some(k) = self.enriched(c) {
+            c.kubernetes = Some(k);
         }
-        if let Some(k) = c.kubernetes.as_mut()
+    }
+
+    /// What [`enrich`](Self::enrich) would set `c.kubernetes` to, or
+    /// `None` when it would change nothing: a container record that is
+    /// shared (`Arc`) is then copied only when it must be.
+    pub fn enriched(&self, c: &Container) -> Option<Kubernetes> {
+        let inner = self.inner.read().ok()?;
+        let mut mine = c.kubernetes.clone();
+        if let Some(k) = inner.by_id.get(&c.id) {
+            let m = mine.get_or_insert_with(Kubernetes::default);
+            m.namespace = m.namespace.take().or_else(|| k.namespace.clone());
+            m.pod = m.pod.take().or_else(|| k.pod.clone());
+            m.pod_uid = m.pod_uid.take().or_else(|| k.pod_uid.clone());
+            m.container = m.container.take().or_else(|| k.container.clone());
+            m.image = m.image.take().or_else(|| k.image.clone());
+        }
+        if let Some(k) = mine.as_mut()
             && k.labels.is_empty()
             && let Some(labels) = k.pod_uid.as_ref().and_then(|u| inner.labels_by_uid.get(u))
         {
             k.labels = labels.clone();
         }
+        (mine != c.kubernetes).then_some(mine).flatten()
     }
 
     /// The Kubernetes identity of container `id`, if the informer saw it.

@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -470,6 +471,17 @@ impl Container {
             self.pod_sandbox |= known.pod_sandbox;
         }
     }
+
+    /// Whether [`fill_identity_from`](Self::fill_identity_from) would
+    /// change `self`: a shared record is copied only when it would.
+    pub fn lacks_identity_of(&self, known: &Container) -> bool {
+        (self.name.is_none() && known.name.is_some())
+            || (self.image.is_none() && known.image.is_some())
+            || (self.image_id.is_none() && known.image_id.is_some())
+            || (self.labels.is_empty() && !known.labels.is_empty())
+            || (self.kubernetes.is_none()
+                && (known.kubernetes.is_some() || (known.pod_sandbox && !self.pod_sandbox)))
+    }
 }
 
 /// What happened to a container.
@@ -511,8 +523,13 @@ pub struct ContainerEvent {
     pub monotonic_ns: u64,
     /// Who saw it.
     pub source: Source,
-    /// The container.
-    pub container: Container,
+    /// The container, shared: the agent's tables, its consumers and the
+    /// events in flight hold one record (a container's annotations can be
+    /// 256 KiB). Change it with [`Arc::make_mut`], which copies it only
+    /// while someone else holds it too. Serialized as the container
+    /// itself.
+    #[cfg_attr(feature = "schemars", schemars(description = "The container."))]
+    pub container: Arc<Container>,
     /// For `removed`: the exit code, when known.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub exit_code: Option<i32>,
@@ -524,38 +541,42 @@ pub struct ContainerEvent {
 
 impl ContainerEvent {
     /// An `added` event stamped now.
-    pub fn added(source: Source, container: Container) -> ContainerEvent {
+    pub fn added(source: Source, container: impl Into<Arc<Container>>) -> ContainerEvent {
         ContainerEvent {
             schema: SCHEMA_VERSION,
             event: EventKind::Added,
             monotonic_ns: monotonic_ns(),
             source,
-            container,
+            container: container.into(),
             exit_code: None,
             reason: None,
         }
     }
 
     /// An `updated` event stamped now: `container` as now known.
-    pub fn updated(source: Source, container: Container) -> ContainerEvent {
+    pub fn updated(source: Source, container: impl Into<Arc<Container>>) -> ContainerEvent {
         ContainerEvent {
             schema: SCHEMA_VERSION,
             event: EventKind::Updated,
             monotonic_ns: monotonic_ns(),
             source,
-            container,
+            container: container.into(),
             exit_code: None,
             reason: None,
         }
     }
 
-    /// A `removed` event stamped now.
+    /// A `removed` event stamped now, its container's status `stopped`
+    /// (copied first if it is shared and not stopped yet).
     pub fn removed(
         source: Source,
-        mut container: Container,
+        container: impl Into<Arc<Container>>,
         exit_code: Option<i32>,
     ) -> ContainerEvent {
-        container.status = Status::Stopped;
+        let mut container = container.into();
+        if container.status != Status::Stopped {
+            Arc::make_mut(&mut container).status = Status::Stopped;
+        }
         ContainerEvent {
             schema: SCHEMA_VERSION,
             event: EventKind::Removed,

@@ -8,9 +8,10 @@ use lookout_host::proc;
 
 /// Sets what the init process `pid` and the bundle's `config` tell about
 /// `c`: pid, status, namespaces, cgroup, annotations (and the Kubernetes
-/// identity in them), hostname and args. Reads /proc: call it off the
-/// hook's task.
-pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, status: Status) {
+/// identity in them), hostname and args, moved out of `config` (a
+/// container's annotations can be 256 KiB: they are not copied). Reads
+/// /proc: call it off the hook's task.
+pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<OciConfig>, status: Status) {
     c.pid = Some(pid);
     c.status = status;
     if c.runtime == RuntimeKind::Runsc {
@@ -19,14 +20,10 @@ pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<&OciConfig>, stat
     c.namespaces = proc::namespaces(pid);
     c.cgroup = proc::cgroup(pid);
     if let Some(cfg) = config {
-        c.annotations = cfg.annotations.clone();
+        c.annotations = cfg.annotations;
         c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
         c.pod_sandbox = lookout_model::is_pod_sandbox(&c.annotations);
-        c.hostname = cfg.hostname.clone();
-        c.args = cfg
-            .process
-            .as_ref()
-            .map(|p| p.args.clone())
-            .unwrap_or_default();
+        c.hostname = cfg.hostname;
+        c.args = cfg.process.map(|p| p.args).unwrap_or_default();
     }
 }

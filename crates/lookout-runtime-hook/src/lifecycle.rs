@@ -28,6 +28,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
@@ -154,8 +155,9 @@ pub(crate) struct Lifecycle<P> {
     pending: HashMap<String, Pending>,
     /// Their pid is being read; the `start`s that wait for the report.
     resolving: HashMap<String, Vec<P>>,
-    /// Reported, with a live init.
-    tracked: HashMap<String, Container>,
+    /// Reported, with a live init: the record its `added` carried (one
+    /// allocation, shared with the event and whoever keeps it).
+    tracked: HashMap<String, Arc<Container>>,
 }
 
 impl<P> Default for Lifecycle<P> {
@@ -179,7 +181,7 @@ impl<P> Lifecycle<P> {
 
     /// The reported containers.
     pub fn tracked(&self) -> impl Iterator<Item = &Container> {
-        self.tracked.values()
+        self.tracked.values().map(|c| &**c)
     }
 
     /// Whether `id` is tracked and runs in a sandbox (its `delete` matters).
@@ -340,7 +342,8 @@ impl<P> Lifecycle<P> {
             id: c.id.clone(),
             pid,
         });
-        self.tracked.insert(c.id.clone(), c.clone());
+        let c = Arc::new(c);
+        self.tracked.insert(c.id.clone(), Arc::clone(&c));
         out.push(Effect::Emit(ContainerEvent::added(source, c)));
     }
 
@@ -437,6 +440,46 @@ mod tests {
         });
         assert_eq!(trace(&e), ["watch:a:7", "added:a"]);
         assert_eq!(l.counts(), (0, 0, 1));
+    }
+
+    #[test]
+    fn the_tracked_record_is_the_one_added_and_removed_carry() {
+        let (mut l, now) = (L::default(), Instant::now());
+        created(&mut l, "a", now);
+        l.step(Input::CreateExited { id: "a".into() });
+        let mut c = container("a", 7);
+        c.annotations.insert("big".into(), "x".repeat(64 * 1024));
+        let e = l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(c),
+        });
+        let added = e
+            .iter()
+            .find_map(|e| match e {
+                Effect::Emit(ev) => Some(Arc::clone(&ev.container)),
+                _ => None,
+            })
+            .expect("added");
+        let kept = l.tracked.get("a").expect("tracked");
+        assert!(
+            Arc::ptr_eq(kept, &added),
+            "the table and the event share one record, not two copies"
+        );
+        drop(e);
+        let e = l.step(Input::Exited {
+            id: "a".into(),
+            pid: 7,
+            code: Some(0),
+        });
+        let removed = e
+            .iter()
+            .find_map(|e| match e {
+                Effect::Emit(ev) => Some(Arc::clone(&ev.container)),
+                _ => None,
+            })
+            .expect("removed");
+        assert_eq!(removed.status, Status::Stopped);
+        assert_eq!(removed.annotations["big"].len(), 64 * 1024);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn scan_state_in(
             let mut c = Container::new(id.clone(), runtime.clone());
             c.bundle = state.bundle.clone();
             c.runtime_root = Some(root.clone());
-            fill(&mut c, state.pid, config.as_ref(), Status::Running);
+            fill(&mut c, state.pid, config, Status::Running);
             found.push(c);
         }
     }

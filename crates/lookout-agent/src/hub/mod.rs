@@ -355,8 +355,10 @@ impl Hub {
                 }
                 // The serving agent learns the same and publishes it.
                 EventKind::Updated => {
-                    if let Some(added) = sb.added.get_mut(&id) {
-                        added.container.fill_identity_from(&event.container);
+                    if let Some(added) = sb.added.get_mut(&id)
+                        && added.container.lacks_identity_of(&event.container)
+                    {
+                        Arc::make_mut(&mut added.container).fill_identity_from(&event.container);
                     }
                 }
             }
@@ -365,7 +367,7 @@ impl Hub {
         let live = match event.event {
             EventKind::Added => {
                 let live = Live {
-                    container: Arc::new(event.container.clone()),
+                    container: Arc::clone(&event.container),
                     source: event.source,
                     added_monotonic_ns: event.monotonic_ns,
                     added_unix_ms: unix_ms(),
@@ -386,11 +388,14 @@ impl Hub {
                 let added = s.live.remove(&id);
                 // What was learnt after `added` (Docker's name, image and
                 // labels) stays in the last report of it.
-                if let Some(known) = &added {
-                    event.container.fill_identity_from(&known.container);
+                if let Some(known) = &added
+                    && !Arc::ptr_eq(&known.container, &event.container)
+                    && event.container.lacks_identity_of(&known.container)
+                {
+                    Arc::make_mut(&mut event.container).fill_identity_from(&known.container);
                 }
                 Live {
-                    container: Arc::new(event.container.clone()),
+                    container: Arc::clone(&event.container),
                     source: event.source,
                     added_monotonic_ns: added.as_ref().map_or(0, |l| l.added_monotonic_ns),
                     added_unix_ms: added.as_ref().map_or(0, |l| l.added_unix_ms),
@@ -410,9 +415,9 @@ impl Hub {
                 if merged == *known.container {
                     return false;
                 }
-                event.container = merged;
+                event.container = Arc::new(merged);
                 let live = Live {
-                    container: Arc::new(event.container.clone()),
+                    container: Arc::clone(&event.container),
                     ..known.clone()
                 };
                 s.live.insert(id.clone(), live.clone());

@@ -463,7 +463,7 @@ async fn gates_decide_and_unanswered_holds_follow_the_policy() {
         .expect("gate");
     feed(&h, added("c2", Status::Created));
     let mut sys = added("sys", Status::Created);
-    sys.container.kubernetes = Some({
+    Arc::make_mut(&mut sys.container).kubernetes = Some({
         let mut k = Kubernetes::default();
         k.namespace = Some("kube-system".into());
         k
@@ -693,4 +693,27 @@ async fn containers_that_cannot_be_held_are_announced_as_not_held() {
     feed(&h, added("run", Status::Running));
     let n = g.holds.recv().await.expect("notice");
     assert_eq!((n.hold_id, n.respond.is_none()), (0, true));
+}
+
+#[test]
+fn the_hub_and_the_output_share_the_reporters_record() {
+    let h = hub(100, 100);
+    let e = added("a", Status::Running);
+    let reported = Arc::clone(&e.container);
+    let mut out = Vec::new();
+    HubSink::new(Arc::clone(&h), |e: ContainerEvent| out.push(e)).emit(e);
+    let (_, list) = h.list(&Filter::default());
+    assert!(
+        Arc::ptr_eq(&list[0].container, &reported),
+        "the live table holds the reporter's record, not a copy"
+    );
+    assert!(Arc::ptr_eq(&out[0].container, &reported));
+    // A removal that lacks nothing the live record knew is not copied
+    // for the hub either.
+    let gone = ContainerEvent::removed(Source::RuntimeHook, Arc::clone(&reported), Some(0));
+    let stopped = Arc::clone(&gone.container);
+    let mut out = Vec::new();
+    HubSink::new(Arc::clone(&h), |e: ContainerEvent| out.push(e)).emit(gone);
+    assert!(Arc::ptr_eq(&out[0].container, &stopped));
+    assert_eq!(out[0].container.status, Status::Stopped);
 }

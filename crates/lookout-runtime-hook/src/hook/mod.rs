@@ -785,7 +785,7 @@ impl RuntimeHook {
             self.notices_tx.clone(),
         );
         let (task_id, kind) = (id.clone(), p.runtime.clone());
-        let read = move || resolve(&host_root, &task_id, &p, seen);
+        let read = move || resolve(&host_root, &task_id, p, seen);
         tokio::spawn(async move {
             let container = match crate::bounded::bounded_async(deadline, read).await {
                 Ok(Ok(c)) => Some(c),
@@ -855,7 +855,7 @@ enum Unresolved {
 fn resolve(
     host_root: &Path,
     id: &str,
-    p: &Pending,
+    mut p: Pending,
     seen: Option<Observed>,
 ) -> Result<Container, Unresolved> {
     let missed = |reason, why| Unresolved::Missed {
@@ -876,7 +876,7 @@ fn resolve(
                 Some(Err(pe)) => {
                     return Err(unreadable(
                         host_root,
-                        p,
+                        &p,
                         id,
                         format!(
                             "no state ({}) and no pid file ({})",
@@ -888,7 +888,7 @@ fn resolve(
                 None => {
                     return Err(unreadable(
                         host_root,
-                        p,
+                        &p,
                         id,
                         format!("no state ({})", lookout_model::Chain(&e)),
                     ));
@@ -912,7 +912,7 @@ fn resolve(
     let mut c = Container::new(id, p.runtime.clone());
     c.bundle = p.bundle.clone();
     c.runtime_root = Some(p.root.clone());
-    fill(&mut c, pid, p.config.as_ref(), p.status);
+    fill(&mut c, pid, p.config.take(), p.status);
     if let Some(obs) = seen {
         // The container may be gone already: keep what the watcher saw.
         if c.namespaces.mnt.is_none() {
