@@ -302,6 +302,22 @@ fn proc_sample(pid: u32) -> (u64, u64, u64) {
     (ticks, field("voluntary_ctxt_switches:"), field("VmRSS:"))
 }
 
+/// The agent's resident memory split (`RssAnon`, `RssFile` in kB): its
+/// heap and stacks, against the pages of its binary and libraries that it
+/// touched (clean, shared with the page cache, reclaimable).
+fn rss_split(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("RssAnon:"), field("RssFile:"))
+}
+
 fn exec_times(bin: &Path, n: usize) -> Vec<f64> {
     (0..n)
         .map(|_| {
@@ -815,7 +831,11 @@ fn idle(agent: &Agent) -> Value {
     let s0 = proc_sample(agent.pid());
     std::thread::sleep(Duration::from_secs(5));
     let s1 = proc_sample(agent.pid());
-    json!({"cpu_ticks": s1.0 - s0.0, "voluntary_ctxt_switches": s1.1 - s0.1, "rss_kb": s1.2})
+    let (anon, file) = rss_split(agent.pid());
+    json!({
+        "cpu_ticks": s1.0 - s0.0, "voluntary_ctxt_switches": s1.1 - s0.1, "rss_kb": s1.2,
+        "rss_anon_kb": anon, "rss_file_kb": file,
+    })
 }
 
 /// Discovery latency (us), over `opts.latency` sequential runc containers
@@ -986,12 +1006,14 @@ fn heavy_annotations(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Resu
     });
     let heavy_tracked = tracked(&agent.events(), &ids);
     let heavy_rss = proc_sample(pid).2;
+    let (heavy_anon, heavy_file) = rss_split(pid);
     let heavy_peak = sampler.stop();
     on_workers(&ids, delete);
     Ok(json!({
         "containers": opts.heavy, "annotation_bytes_each": 16 * 4096,
         "tracked": heavy_tracked,
         "rss_all_tracked_kb": heavy_rss,
+        "rss_anon_kb": heavy_anon, "rss_file_kb": heavy_file,
         "peak_rss_kb": heavy_peak,
     }))
 }
@@ -1115,8 +1137,12 @@ fn print_agent(report: &Value) {
     );
     let i = &report["idle_5s"];
     println!(
-        "idle 5 s: {} CPU ticks, {} wakeups, RSS {} kB",
-        i["cpu_ticks"], i["voluntary_ctxt_switches"], i["rss_kb"]
+        "idle 5 s: {} CPU ticks, {} wakeups, RSS {} kB (anonymous {} kB, file {} kB)",
+        i["cpu_ticks"],
+        i["voluntary_ctxt_switches"],
+        i["rss_kb"],
+        i["rss_anon_kb"],
+        i["rss_file_kb"]
     );
     let ch = &report["churn"];
     println!(
@@ -1132,8 +1158,13 @@ fn print_agent(report: &Value) {
     );
     let m = &report["memory_heavy_annotations"];
     println!(
-        "memory: {} containers with 64 KiB of annotations each, {} tracked at once: RSS {} kB, peak {} kB",
-        m["containers"], m["tracked"], m["rss_all_tracked_kb"], m["peak_rss_kb"]
+        "memory: {} containers with 64 KiB of annotations each, {} tracked at once: RSS {} kB (anonymous {} kB, file {} kB), peak {} kB",
+        m["containers"],
+        m["tracked"],
+        m["rss_all_tracked_kb"],
+        m["rss_anon_kb"],
+        m["rss_file_kb"],
+        m["peak_rss_kb"]
     );
     consumers::print(&report["consumers"]);
 }

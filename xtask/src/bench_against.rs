@@ -209,6 +209,16 @@ const ROWS: &[Row] = &[
         read: |r| Some(at(r, &["memory_heavy_annotations", "rss_all_tracked_kb"])? / 1e3),
     },
     Row {
+        name: "idle RSS, anonymous part (MB)",
+        goal: None,
+        read: |r| Some(at(r, &["idle_5s", "rss_anon_kb"])? / 1e3),
+    },
+    Row {
+        name: "heavy annotations RSS, anonymous part (MB)",
+        goal: None,
+        read: |r| Some(at(r, &["memory_heavy_annotations", "rss_anon_kb"])? / 1e3),
+    },
+    Row {
         name: "create exit -> Added, p99 (us)",
         goal: Some(300.0),
         read: |r| at(r, &["discovery_us", "create_exit_to_added", "p99"]),
