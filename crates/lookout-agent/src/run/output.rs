@@ -3,7 +3,6 @@
 //! runtime up.
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,43 +11,29 @@ use lookout_model::{ContainerEvent, EventKind};
 
 use super::args::Output;
 
-/// Writes each event to stdout before the runtime exec that caused it is
-/// allowed, without ever letting a reader that stops reading hold a
-/// runtime up.
+/// Hands each event to a writer thread that writes it to stdout and
+/// flushes, and waits (up to `deadline`) until it is written: a reader has
+/// the event before the runtime exec that caused it is allowed. A consumer
+/// that stops reading stdout must not freeze the node's runtimes, so after
+/// the deadline the hook goes on (the line is still written later, in
+/// order); while earlier lines are still unwritten, later events do not
+/// wait at all, so a stall costs the runtimes one deadline, not one per
+/// event. When even the bounded queue is full, events are dropped and
+/// counted.
 ///
-/// The line is first written on the emitting thread with
-/// `pwritev2(RWF_NOWAIT)`: a write that would wait fails at once instead
-/// (`EAGAIN`), and the flag is per call, so stdout's file description (it
-/// may be shared with stderr or with other processes) is not made
-/// non-blocking. When that works (a pipe with room, on Linux 6.1+), the
-/// event costs one system call and no thread hand-off. Otherwise (a full
-/// pipe, a kernel or file that does not take the flag, a short write) the
-/// line, or its unwritten rest, goes to a writer thread of its own, and
-/// the emitter waits (up to `deadline`) until it is written. After the
-/// deadline the hook goes on (the line is still written later, in order);
-/// while earlier lines are still unwritten, later events go to the same
-/// queue, in order, and do not wait at all, so a stall costs the runtimes
-/// one deadline, not one per event. When even the bounded queue is full,
-/// events are dropped and counted.
-///
-/// N.B. a pipe's writer takes the pipe's lock, which its reader holds only
-/// while it copies out: `RWF_NOWAIT` does not cover that wait, so a
-/// reader that could stall its own copy inside the kernel could stall the
-/// direct write. Reading a buffer whose page faults stall needs
-/// privileges (`userfaultfd` of kernel faults) that whoever reads the
-/// agent's stdout (the operator's log pipeline, containerd's shim) has
-/// anyway.
+/// N.B. not a non-blocking write on the emitting thread (which would save
+/// two thread wake-ups per event): every write to a pipe takes the pipe's
+/// lock, and a reader that splices from it (Go's `io.Copy` from a pipe to
+/// a socket does) holds that lock for as long as its destination blocks.
+/// `pwritev2(RWF_NOWAIT)` fails fast on a full pipe, not on that lock.
 pub(crate) struct StdoutSink {
     output: Output,
     metrics: std::sync::Arc<crate::serve::Metrics>,
     unwritten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    queue: std::sync::mpsc::SyncSender<(Vec<u8>, std::sync::mpsc::SyncSender<()>)>,
+    queue: std::sync::mpsc::SyncSender<(String, std::sync::mpsc::SyncSender<()>)>,
     deadline: Duration,
     late: u64,
     dropped: u64,
-    /// Whether the direct write is still worth trying: cleared for good
-    /// when stdout or the kernel refuses `RWF_NOWAIT`.
-    direct: bool,
 }
 
 impl StdoutSink {
@@ -58,7 +43,7 @@ impl StdoutSink {
         metrics: std::sync::Arc<crate::serve::Metrics>,
     ) -> anyhow::Result<StdoutSink> {
         let (queue, rx) =
-            std::sync::mpsc::sync_channel::<(Vec<u8>, std::sync::mpsc::SyncSender<()>)>(4096);
+            std::sync::mpsc::sync_channel::<(String, std::sync::mpsc::SyncSender<()>)>(4096);
         let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = std::sync::Arc::clone(&unwritten);
         std::thread::Builder::new()
@@ -67,7 +52,10 @@ impl StdoutSink {
                 let out = std::io::stdout();
                 for (line, ack) in rx {
                     let mut lock = out.lock();
-                    if lock.write_all(&line).and_then(|()| lock.flush()).is_err() {
+                    if writeln!(lock, "{line}")
+                        .and_then(|()| lock.flush())
+                        .is_err()
+                    {
                         // N.B. a closed stdout must not stop discovery.
                         tracing::debug!("stdout closed; event dropped");
                     }
@@ -84,7 +72,6 @@ impl StdoutSink {
             deadline,
             late: 0,
             dropped: 0,
-            direct: true,
         })
     }
 }
@@ -99,33 +86,6 @@ impl Sink for StdoutSink {
             Output::Text => text_line(&event),
             Output::None => return,
         };
-        let mut line = line.into_bytes();
-        line.push(b'\n');
-        // Nothing is queued (the sinks emit one at a time, under the
-        // merger's lock): a direct write keeps the lines in order.
-        if self.direct && self.unwritten.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            match write_nowait(std::io::stdout().as_fd(), &line) {
-                Ok(n) if n == line.len() => return,
-                // A short write (the pipe had room for part of it): the
-                // rest, byte for byte, follows through the writer thread.
-                Ok(n) => {
-                    line.drain(..n);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
-                    // N.B. a closed stdout must not stop discovery.
-                    tracing::debug!("stdout closed; event dropped");
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(
-                        error = %e,
-                        "stdout does not take RWF_NOWAIT writes: every line goes through the writer thread"
-                    );
-                    self.direct = false;
-                }
-            }
-        }
         let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
         let behind = self
             .unwritten
@@ -164,31 +124,6 @@ impl Sink for StdoutSink {
     }
 }
 
-/// One `pwritev2(fd, buf, offset -1, RWF_NOWAIT)`: writes at the file's
-/// current position, or fails with `EAGAIN` instead of waiting for room.
-/// `EOPNOTSUPP` (a pipe before Linux 6.0, a tty, a file system without
-/// non-blocking buffered writes) and `ENOSYS` say the flag cannot be used.
-fn write_nowait(fd: std::os::fd::BorrowedFd<'_>, buf: &[u8]) -> std::io::Result<usize> {
-    let iov = libc::iovec {
-        iov_base: buf.as_ptr().cast_mut().cast(),
-        iov_len: buf.len(),
-    };
-    loop {
-        // SAFETY: `iov` describes `buf`, which outlives the call and is
-        // only read; `fd` is borrowed for the call.
-        let n = unsafe { libc::pwritev2(fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
-        match usize::try_from(n) {
-            Ok(n) => return Ok(n),
-            Err(_) => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
 fn text_line(e: &ContainerEvent) -> String {
     let c = &e.container;
     let kind = match e.event {
@@ -216,40 +151,4 @@ fn text_line(e: &ContainerEvent) -> String {
         s.push_str(&format!(" exit={code}"));
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What the direct write relies on: on a full pipe it fails at once
-    /// with EAGAIN, and the pipe's descriptor stays blocking.
-    #[test]
-    fn a_nowait_write_to_a_full_pipe_fails_at_once_and_leaves_the_pipe_blocking() {
-        let (r, w) = nix::unistd::pipe().expect("pipe");
-        let chunk = [b'x'; 4096];
-        let mut written = 0usize;
-        let err = loop {
-            match write_nowait(w.as_fd(), &chunk) {
-                Ok(n) => written += n,
-                Err(e) => break e,
-            }
-            assert!(written <= 64 << 20, "a pipe never filled");
-        };
-        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
-            // Pipes take RWF_NOWAIT from Linux 6.0 on; before, every line
-            // goes through the writer thread (tested by tests/run.rs).
-            eprintln!("SKIPPED: this kernel's pipes refuse RWF_NOWAIT ({err})");
-            return;
-        }
-        assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
-        assert!(written > 0, "an empty pipe took nothing");
-        let fl = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_GETFL).expect("F_GETFL");
-        assert_eq!(fl & libc::O_NONBLOCK, 0, "the descriptor was left blocking");
-        // Room again: the next write goes through.
-        let mut buf = vec![0u8; 8192];
-        let n = nix::unistd::read(&r, &mut buf).expect("read");
-        assert!(n > 0);
-        assert!(write_nowait(w.as_fd(), b"y\n").expect("room") == 2);
-    }
 }
