@@ -9,6 +9,19 @@ use std::sync::{Arc, Mutex};
 use lookout_informer::Index;
 use lookout_model::{ContainerEvent, EventKind, Sink, Source};
 
+/// The Pod informer's index, once one runs, for a backend that fills in
+/// its containers' Kubernetes identity itself (the runtime hook, before it
+/// tracks them: its record is then shared, not copied, downstream).
+pub(crate) type IndexSlot = Arc<std::sync::RwLock<Option<Index>>>;
+
+/// Fills `c` from the index in `slot`, if one is set.
+pub(crate) fn enrich_from(slot: &IndexSlot, c: &mut lookout_model::Container) {
+    let index = slot.read().ok().and_then(|s| s.clone());
+    if let Some(i) = index {
+        i.enrich(c);
+    }
+}
+
 /// Live containers by id, and who reported them.
 struct Merger<S> {
     out: S,
@@ -59,8 +72,13 @@ impl<S: Sink> MergeSink<S> {
         }
     }
 
-    /// Enrich events with what this informer knows.
-    pub fn set_index(&self, index: Index) {
+    /// Enrich events with what this informer knows (the hook fills in
+    /// what it reports through `slot`, so that its record is not copied
+    /// here).
+    pub fn set_index(&self, index: Index, slot: &IndexSlot) {
+        if let Ok(mut s) = slot.write() {
+            *s = Some(index.clone());
+        }
         if let Ok(mut m) = self.inner.lock() {
             m.index = Some(index);
         }

@@ -614,6 +614,47 @@ mod tests {
         assert_eq!(back, e);
     }
 
+    /// `lacks_identity_of` says exactly when `fill_identity_from` changes
+    /// something: a shared record is copied then and only then.
+    #[test]
+    fn lacks_identity_of_is_exactly_when_the_fill_changes_something() {
+        let variants = |c: &mut Container, bits: u8| {
+            if bits & 1 != 0 {
+                c.name = Some("n".into());
+            }
+            if bits & 2 != 0 {
+                c.image = Some("i".into());
+            }
+            if bits & 4 != 0 {
+                c.image_id = Some("sha".into());
+            }
+            if bits & 8 != 0 {
+                c.labels.insert("l".into(), "v".into());
+            }
+            if bits & 16 != 0 {
+                c.kubernetes = Some(Kubernetes::default());
+            }
+            if bits & 32 != 0 {
+                c.pod_sandbox = true;
+            }
+        };
+        for mine in 0..64u8 {
+            for theirs in 0..64u8 {
+                let mut a = Container::new("c", RuntimeKind::Runc);
+                variants(&mut a, mine);
+                let mut b = Container::new("c", RuntimeKind::Runc);
+                variants(&mut b, theirs);
+                let mut filled = a.clone();
+                filled.fill_identity_from(&b);
+                assert_eq!(
+                    a.lacks_identity_of(&b),
+                    filled != a,
+                    "mine {mine:06b}, theirs {theirs:06b}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn other_runtimes_keep_their_name() {
         let k = RuntimeKind::from_binary_name("kata-runtime");

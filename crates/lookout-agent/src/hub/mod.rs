@@ -410,11 +410,11 @@ impl Hub {
                 // labels, a Kubernetes identity): its pid, status and the
                 // rest stay, so an update that comes late (after a restart
                 // under the same id) cannot bring back an older process.
-                let mut merged = (*known.container).clone();
-                merged.fill_identity_from(&event.container);
-                if merged == *known.container {
+                if !known.container.lacks_identity_of(&event.container) {
                     return false;
                 }
+                let mut merged = (*known.container).clone();
+                merged.fill_identity_from(&event.container);
                 event.container = Arc::new(merged);
                 let live = Live {
                     container: Arc::clone(&event.container),

@@ -292,6 +292,7 @@ async fn run_async(
     let nri = start_nri(&args).await?;
     clock.lap("nri");
     let nri_barrier = std::sync::Arc::clone(&barrier);
+    let index = crate::merge::IndexSlot::default();
     let mut backends = if args.mode == ModeArg::Nri {
         Backends::nri_only()
     } else {
@@ -305,6 +306,7 @@ async fn run_async(
             metrics: &metrics,
             barrier,
             start_cap,
+            index: std::sync::Arc::clone(&index),
         }
         .start(&mut kube)
         .await?
@@ -355,6 +357,7 @@ async fn run_async(
         metrics: &metrics,
         nri_barrier,
         clock,
+        index,
     };
     discovery.run(backends, stack, ready, stopped).await;
     // Hooks this agent claimed finish before it exits (one cut short
@@ -387,6 +390,8 @@ struct Discovery<'a> {
     nri_barrier: std::sync::Arc<dyn StartBarrier>,
     /// Start-up so far, logged on `ready`.
     clock: StartupClock,
+    /// Where the informer's index goes for the hook (see the Ladder).
+    index: crate::merge::IndexSlot,
 }
 
 /// The sinks under the merger, outermost first: the consumer hub
@@ -432,6 +437,7 @@ impl Discovery<'_> {
             metrics,
             nri_barrier,
             mut clock,
+            index,
         } = self;
         let label = backends.label();
         let Backends {
@@ -461,7 +467,7 @@ impl Discovery<'_> {
             _ => None,
         };
         if let Some(i) = fallback.as_ref().or(informer) {
-            sink.set_index(i.index());
+            sink.set_index(i.index(), &index);
             if fallback.is_some() {
                 tracing::info!("fallback Pod informer runs beside {label}");
             }

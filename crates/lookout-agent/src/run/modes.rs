@@ -149,6 +149,9 @@ pub(super) struct Ladder<'a> {
     /// What a container's start waits for, and for how long at most.
     pub barrier: Arc<dyn StartBarrier>,
     pub start_cap: Duration,
+    /// The Pod informer's index once one runs: the hook fills in each
+    /// container's Kubernetes identity before it tracks and reports it.
+    pub index: crate::merge::IndexSlot,
 }
 
 impl Ladder<'_> {
@@ -166,6 +169,7 @@ impl Ladder<'_> {
             metrics,
             barrier,
             start_cap,
+            index,
         } = self;
         let mut hook = None;
         let mut informer = None;
@@ -182,7 +186,11 @@ impl Ladder<'_> {
                         .rescan(interval, find)
                         .observer(Arc::clone(metrics) as _)
                         .start_barrier(Arc::clone(&barrier), start_cap)
-                        .answer_deadline(args.answer_deadline);
+                        .answer_deadline(args.answer_deadline)
+                        .enrich({
+                            let index = Arc::clone(&index);
+                            move |c| crate::merge::enrich_from(&index, c)
+                        });
                     for (runtime, root) in &args.state_roots {
                         builder = builder.state_root(runtime.clone(), root.clone());
                     }

@@ -52,7 +52,11 @@ struct Config {
     start_barrier: Option<Arc<dyn StartBarrier>>,
     start_barrier_cap: Duration,
     state_roots: Vec<(RuntimeKind, PathBuf)>,
+    enrich: Option<Enrich>,
 }
+
+/// What [`Builder::enrich`] keeps.
+type Enrich = Arc<dyn Fn(&mut Container) + Send + Sync>;
 
 /// Sets up a [`RuntimeHook`]: get one with [`RuntimeHook::builder`].
 ///
@@ -85,6 +89,7 @@ impl std::fmt::Debug for Builder {
             .field("start_barrier", &c.start_barrier.is_some())
             .field("start_barrier_cap", &c.start_barrier_cap)
             .field("state_roots", &c.state_roots)
+            .field("enrich", &c.enrich.is_some())
             .finish()
     }
 }
@@ -102,6 +107,7 @@ impl Default for Builder {
                 start_barrier: None,
                 start_barrier_cap: Duration::from_secs(10),
                 state_roots: Vec::new(),
+                enrich: None,
             },
         }
     }
@@ -155,6 +161,17 @@ impl Builder {
             interval,
             find: Arc::new(find),
         });
+        self
+    }
+
+    /// Adds what the caller knows of a container (the Kubernetes identity
+    /// a Pod informer has, say) before the hook tracks and reports it.
+    /// Called off the hook's task (on the thread that read the container's
+    /// files, or during a scan), once per container: it must not wait long.
+    /// The hook's table and the `added` event then share one record; a
+    /// sink that filled it in later would have to copy it.
+    pub fn enrich(mut self, f: impl Fn(&mut Container) + Send + Sync + 'static) -> Self {
+        self.config.enrich = Some(Arc::new(f));
         self
     }
 
@@ -427,9 +444,14 @@ impl RuntimeHook {
     /// seen in argv) that are neither tracked, pending nor being reported.
     fn scan_untracked(&self) -> Vec<Container> {
         let lifecycle = &self.lifecycle;
-        crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &|id| {
-            lifecycle.knows(id)
-        })
+        let mut found =
+            crate::scan::scan_state_in(&self.config.host_root, &self.learned_roots, &|id| {
+                lifecycle.knows(id)
+            });
+        if let Some(f) = &self.config.enrich {
+            found.iter_mut().for_each(|c| f(c));
+        }
+        found
     }
 
     /// Handles events until `shutdown` completes. Every permission event is
@@ -785,7 +807,14 @@ impl RuntimeHook {
             self.notices_tx.clone(),
         );
         let (task_id, kind) = (id.clone(), p.runtime.clone());
-        let read = move || resolve(&host_root, &task_id, p, seen);
+        let enrich = self.config.enrich.clone();
+        let read = move || {
+            let mut c = resolve(&host_root, &task_id, p, seen)?;
+            if let Some(f) = &enrich {
+                f(&mut c);
+            }
+            Ok(c)
+        };
         tokio::spawn(async move {
             let container = match crate::bounded::bounded_async(deadline, read).await {
                 Ok(Ok(c)) => Some(c),
