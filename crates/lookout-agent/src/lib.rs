@@ -193,6 +193,21 @@ enum ProbeOutput {
     Json,
 }
 
+/// Log lines waiting for stderr at most (about 1 MB of them at the usual
+/// length of a line): a stderr that is not read costs lines, not memory.
+const LOG_QUEUE: usize = 4096;
+
+/// How many log lines were dropped because stderr was not taking them.
+static LOG_DROPS: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
+    std::sync::OnceLock::new();
+
+/// Log lines dropped so far (0 before logging starts).
+pub(crate) fn log_lines_dropped() -> u64 {
+    LOG_DROPS
+        .get()
+        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX))
+}
+
 /// The log filter: `$LOOKOUT_LOG`, else `$RUST_LOG`, else `info`. A filter
 /// that does not parse is an error, not a silent `info`.
 fn log_filter() -> Result<tracing_subscriber::EnvFilter, String> {
@@ -222,8 +237,21 @@ pub fn cli_main() -> anyhow::Result<()> {
             std::process::exit(EXIT_USAGE);
         }
     };
+    // Log lines are written to stderr by a thread of their own, never by
+    // the thread that logs: the hook's task logs while a runtime exec
+    // waits on it, and a stderr nobody reads (or whose reader splices into
+    // a destination that stalls, holding the pipe's lock) must not hold
+    // it. At most LOG_QUEUE lines wait; more are dropped and counted
+    // (`lookout_log_lines_dropped_total`). The guard flushes what waits
+    // when `cli_main` returns (for at most a second).
+    let (writer, _flush) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE)
+        .thread_name("lookout-log")
+        .finish(std::io::stderr());
+    let _ = LOG_DROPS.set(writer.error_counter());
     let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_env_filter(filter);
     match cli.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),

@@ -86,6 +86,9 @@ pub struct Metrics {
     tracked: Gauge<i64, AtomicI64>,
     stdout_late: Counter,
     stdout_dropped: Counter,
+    log_dropped: Counter,
+    /// The log writer's drop count as `log_dropped` has it.
+    log_dropped_seen: std::sync::atomic::AtomicU64,
     nri_late: Counter,
     nri_disconnects: Counter,
     nri_dropped: Counter,
@@ -196,6 +199,13 @@ impl Metrics {
                 "Events dropped because the stdout queue was full",
                 Counter::default(),
             ),
+            log_dropped: register(
+                r,
+                "log_lines_dropped",
+                "Log lines dropped because stderr was not taking them (4096 were waiting)",
+                Counter::default(),
+            ),
+            log_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             duplicates: register(
                 r,
                 "duplicate_events_suppressed",
@@ -339,6 +349,15 @@ impl Metrics {
     }
 
     fn encode(&self) -> String {
+        // The log writer counts its own drops; the counter catches up here.
+        // (fetch_max: two scrapes at once add each drop once.)
+        let dropped = crate::log_lines_dropped();
+        let seen = self
+            .log_dropped_seen
+            .fetch_max(dropped, std::sync::atomic::Ordering::AcqRel);
+        if dropped > seen {
+            self.log_dropped.inc_by(dropped - seen);
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!(%e, "encoding metrics");

@@ -751,23 +751,149 @@ fn removed_events_carry_the_exit_code() {
     rt.cleanup(&killed);
 }
 
+/// The smallest pipe (one page): (read end, write end).
+fn small_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both fds were just created and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on our own fd.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    (r, w)
+}
+
+#[test]
+fn a_log_that_nobody_reads_does_not_block_runtimes() {
+    if !ready("log_not_read") {
+        return;
+    }
+    let rt = Runtime::runc();
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // For stdout and stderr alike, as `lookout run 2>&1 | consumer` gives
+    // them.
+    let (read_end, write_end) = small_pipe();
+    let filler = write_end.try_clone().expect("dup");
+    let stderr = write_end.try_clone().expect("dup");
+    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args([
+            "run",
+            "--no-socket",
+            "--output",
+            "json",
+            "--event-deadline",
+            "100ms",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(Runtime::agent_args(Some(&rt)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::from(stderr))
+        .spawn()
+        .expect("spawn");
+    let mut child = KillOnDrop(child);
+    // Read until the agent is ready (and where it serves metrics), then
+    // stop reading, as a consumer that hangs would.
+    let mut out = std::io::BufReader::new(std::fs::File::from(read_end));
+    let mut listen = None;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = out.read_line(&mut line).expect("read the log");
+        assert!(n > 0, "the agent exited before it was ready");
+        if line.contains("serving /healthz") {
+            listen = line.split("http://").nth(1).map(|a| a.trim().to_owned());
+        }
+        if line.contains("lookout_agent::run: ready") {
+            break;
+        }
+    }
+    let listen = listen.expect("the metrics address in the log");
+    // Fill the pipe: the first event then waits its deadline, and the
+    // hook's task logs that stdout is not read: a log write that waited
+    // for room would hold the hook, and every runtime exec, for good.
+    let mut filler = std::fs::File::from(filler);
+    let filled = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut junk = [b'#'; 4096];
+        junk[4095] = b'\n';
+        filler.write_all(&junk)
+    });
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8");
+    let ids: Vec<String> = (0..6).map(|i| format!("{}-{i}", id("log-full"))).collect();
+    for id in &ids {
+        // `timeout`: a runtime held for good would otherwise hang the test.
+        let t = Instant::now();
+        // SIGKILL too: a runtime exec waiting on a permission answer
+        // wakes only for a fatal signal.
+        let st = Command::new("timeout")
+            .args(["--kill-after=2", "10"])
+            .arg(&rt.path)
+            .args(["run", "--bundle", bs, id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("timeout runc run");
+        assert!(
+            st.success() && t.elapsed() < Duration::from_secs(3),
+            "runc run {id}: {st:?} after {:?}: the agent's output held it",
+            t.elapsed()
+        );
+    }
+    let (_, metrics) = http_get(&listen, "/metrics");
+    assert!(
+        metric(&metrics, "lookout_log_lines_dropped_total").is_some(),
+        "{metrics}"
+    );
+    // Once read again, every event comes out, and the log lines with them.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while out.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if tx.send(std::mem::take(&mut line)).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut added, mut warned) = (Vec::new(), false);
+    while added.len() < ids.len() || !warned {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(l) = rx.recv_timeout(left) else {
+            panic!("{} of {} added, warned {warned}", added.len(), ids.len());
+        };
+        warned |= l.contains("stdout is not being read");
+        if let Ok(v) = serde_json::from_str::<Value>(&l)
+            && v["event"] == "added"
+            && let Some(i) = v["container"]["id"].as_str()
+            && ids.iter().any(|x| x == i)
+        {
+            added.push(i.to_owned());
+        }
+    }
+    assert_eq!(added, ids, "in order");
+    filled
+        .join()
+        .expect("filler")
+        .expect("the junk was written");
+    child.0.kill().expect("kill");
+    let _ = child.0.wait();
+}
+
 #[test]
 fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     if !ready("stdout_not_read") {
         return;
     }
     let rt = Runtime::runc();
-    use std::os::fd::{FromRawFd, OwnedFd};
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both fds were just created and are owned here.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // The smallest pipe (one page): a handful of events fill it.
-    // SAFETY: fcntl on our own fd.
-    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
+    // A handful of events fill it.
+    let (read_end, write_end) = small_pipe();
     let stderr = dir.path().join("stderr");
     let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
         .args([
