@@ -291,15 +291,21 @@ fn proc_sample(pid: u32) -> (u64, u64, u64) {
     let ticks = f.get(11).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
         + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (ticks, field("voluntary_ctxt_switches:"), field("VmRSS:"))
+    (
+        ticks,
+        status_field(&status, "voluntary_ctxt_switches:"),
+        status_field(&status, "VmRSS:"),
+    )
+}
+
+/// The number after `name` in a /proc/PID/status text (0 when absent).
+fn status_field(status: &str, name: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 /// The agent's resident memory split (`RssAnon`, `RssFile` in kB): its
@@ -307,15 +313,10 @@ fn proc_sample(pid: u32) -> (u64, u64, u64) {
 /// touched (clean, shared with the page cache, reclaimable).
 fn rss_split(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field("RssAnon:"), field("RssFile:"))
+    (
+        status_field(&status, "RssAnon:"),
+        status_field(&status, "RssFile:"),
+    )
 }
 
 fn exec_times(bin: &Path, n: usize) -> Vec<f64> {
