@@ -283,6 +283,85 @@ impl PeakRss {
     }
 }
 
+/// The CPU time of our child `pid` in seconds: its process CPU clock
+/// (nanoseconds, all threads, exited ones included); NaN if unreadable.
+fn cpu_clock_s(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointers; the pid is our own unreaped child.
+    unsafe {
+        if libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) == 0
+            && libc::clock_gettime(clock, &mut ts) == 0
+        {
+            ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// The allow-all floor responder (lookout-fanotify's `allow_all` example)
+/// marking some files: the least any exec-permission listener can do, and
+/// so the floor of the agent's CPU per exec. Killed when dropped.
+struct Floor {
+    child: Child,
+}
+
+impl Floor {
+    /// Starts `bin` on `marked` and waits for its `ready` line (its log in
+    /// `dir/floor.err`).
+    fn start(bin: &Path, marked: &[&Path], dir: &Path) -> anyhow::Result<Floor> {
+        std::fs::create_dir_all(dir)?;
+        let err = dir.join("floor.err");
+        let child = Command::new(bin)
+            .args(marked)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err)?)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let floor = Floor { child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = std::fs::read_to_string(&err).unwrap_or_default();
+            if log.contains("ready") {
+                return Ok(floor);
+            }
+            if Instant::now() > deadline {
+                bail!("the floor responder never became ready:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Its CPU time so far, in seconds.
+    fn cpu_s(&self) -> f64 {
+        cpu_clock_s(self.child.id())
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The runtime binary `name` as found in PATH, symlinks resolved (a mark
+/// is on the file, not on a link to it).
+fn in_path(name: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .with_context(|| format!("{name} is not in PATH (install it: cargo xtask test does)"))?
+        .canonicalize()
+        .with_context(|| format!("resolving {name}"))
+}
+
 /// (utime+stime ticks, voluntary context switches, VmRSS kB).
 fn proc_sample(pid: u32) -> (u64, u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -439,7 +518,7 @@ const PARTS: &[Part] = &[
         about: "gate subscribers and watchers alone (issue #12)",
         // N.B. The agent part runs it already.
         in_full_run: false,
-        needs: Needs::Agent,
+        needs: Needs::AgentAndFloor,
         run: consumers_part,
         print: |report| consumers::print(&report["consumers"]),
     },
@@ -553,6 +632,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     if let Some(out) = &opts.consumers_out {
         let v = consumers::bench_consumers(
             opts.agent.as_deref().unwrap_or(&paths.lookout),
+            &paths.floor,
             &paths.work.join("consumers"),
             opts.gate_rounds,
             opts.watch_churn,
@@ -641,6 +721,7 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
         agent.stop();
         shared[k] = [idle_5s, discovery_us, churn, memory];
     }
+    let churn_floor = churn_floor(opts, paths)?;
     // Consumers: gate subscribers and watchers (issue #12).
     let mut consumer_reports = vec![Value::Null; n];
     for k in order(2) {
@@ -665,6 +746,7 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
             ("idle_5s", idle_5s),
             ("discovery_us", discovery_us),
             ("churn", churn),
+            ("churn_floor", churn_floor.clone()),
             ("memory_heavy_annotations", memory),
             ("consumers", consumer_report),
         ]));
@@ -710,15 +792,8 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
             opts.rounds * opts.execs
         ),
     );
-    let mut f = Command::new(&paths.floor)
-        .arg(&floor_noop)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", paths.floor.display()))?;
+    let f = Floor::start(&paths.floor, &[&floor_noop], &work.join("floor"))?;
     let (a, _) = Agent::start(lookout, work, &["--runtime-path", fake_s])?;
-    std::thread::sleep(Duration::from_millis(200));
     // The three files must be in the same page-cache state: a file that
     // `cp` or the linker just wrote sits in the cache in other folio sizes
     // than one that exec faulted in, and that alone moved an exec by
@@ -747,8 +822,7 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
         }
     }
     a.stop();
-    let _ = f.kill();
-    let _ = f.wait();
+    drop(f);
     let med = |v: &[f64]| pct(&mut v.to_vec(), 0.5);
     Ok(json!({
         "none": stats(&none), "floor": stats(&floor), "lookout": stats(&agent_t),
@@ -971,6 +1045,44 @@ fn churn(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     }))
 }
 
+/// The churn's floor: the same number of containers created and started
+/// by the same workers with no agent, under the allow-all floor responder
+/// marking runc, and that responder's CPU per container. It answers runc's
+/// execs (create, init, start) and nothing else: what any exec-permission
+/// listener pays per container on this machine, below which the agent's
+/// churn CPU cannot go.
+fn churn_floor(opts: &Options, paths: &Paths) -> anyhow::Result<Value> {
+    say(
+        "bench",
+        &format!(
+            "churn floor: {} containers by {WORKERS} workers under the allow-all responder alone",
+            opts.churn
+        ),
+    );
+    let runc = in_path("runc")?;
+    let floor = Floor::start(&paths.floor, &[&runc], &paths.work.join("floor"))?;
+    let b = paths.work.join("bundle-floor");
+    busybox_bundle(&b, &["sleep", "20"])?;
+    let bs = utf8(&b)?;
+    let ids = container_ids("bench-floor", opts.churn);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let c0 = floor.cpu_s();
+    on_workers(&ids, |id| {
+        if !create_and_start(bs, id) {
+            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let cpu = floor.cpu_s() - c0;
+    drop(floor);
+    on_workers(&ids, delete);
+    Ok(json!({
+        "containers": opts.churn,
+        "create_start_failed": failed.into_inner(),
+        "cpu_s": cpu,
+        "cpu_per_container_ms": cpu * 1e3 / opts.churn.max(1) as f64,
+    }))
+}
+
 /// Memory: `opts.heavy` runc containers (`sleep 60`) whose config.json
 /// carries 64 KiB of annotations each (16 of 4 KiB), all tracked at once;
 /// `agent`'s RSS then and its peak.
@@ -1156,6 +1268,14 @@ fn print_agent(report: &Value) {
         ch["tracked_at_end_of_creation"],
         g(ch, "cpu_s"),
         ch["peak_rss_kb"]
+    );
+    let fl = &report["churn_floor"];
+    println!(
+        "churn floor: {} containers under the allow-all responder alone: its CPU {:.3} s, {:.3} ms per container (the agent: {:.3} ms)",
+        fl["containers"],
+        g(fl, "cpu_s"),
+        g(fl, "cpu_per_container_ms"),
+        g(ch, "cpu_s") * 1e3 / g(ch, "containers"),
     );
     let m = &report["memory_heavy_annotations"];
     println!(

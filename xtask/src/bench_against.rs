@@ -154,6 +154,10 @@ struct Row {
     name: &'static str,
     goal: Goal,
     read: fn(&Value) -> Option<f64>,
+    /// The same figure for the allow-all floor responder, measured in the
+    /// same run beside the agents: the least any exec-permission listener
+    /// pays, where the benchmark measures one.
+    floor: Option<fn(&Value) -> Option<f64>>,
 }
 
 /// What a row of the comparison must stay under.
@@ -182,11 +186,23 @@ const ROWS: &[Row] = &[
                 &["consumers", "watchers", "without", "cpu_clock_per_event_us"],
             )
         },
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "watchers",
+                    "floor",
+                    "cpu_clock_per_container_event_us",
+                ],
+            )
+        }),
     },
     Row {
         name: "agent CPU per container, churn (ms)",
         goal: Goal::AtMost(0.2),
         read: |r| Some(at(r, &["churn", "cpu_s"])? * 1e3 / at(r, &["churn", "containers"])?),
+        floor: Some(|r| at(r, &["churn_floor", "cpu_per_container_ms"])),
     },
     Row {
         name: "added per watcher and event (us)",
@@ -201,41 +217,49 @@ const ROWS: &[Row] = &[
                 ],
             )
         },
+        floor: None,
     },
     Row {
         name: "start-up to ready, p50 (ms)",
         goal: Goal::AtMost(150.0),
         read: |r| at(r, &["startup_ms", "p50"]),
+        floor: None,
     },
     Row {
         name: "idle RSS (MB)",
         goal: Goal::AtMost(10.0),
         read: |r| Some(at(r, &["idle_5s", "rss_kb"])? / 1e3),
+        floor: None,
     },
     Row {
         name: "RSS, heavy annotations, all tracked (MB)",
         goal: Goal::TwiceTheData,
         read: |r| Some(at(r, &["memory_heavy_annotations", "rss_all_tracked_kb"])? / 1e3),
+        floor: None,
     },
     Row {
         name: "idle RSS, anonymous part (MB)",
         goal: Goal::Informational,
         read: |r| Some(at(r, &["idle_5s", "rss_anon_kb"])? / 1e3),
+        floor: None,
     },
     Row {
         name: "heavy annotations RSS, anonymous part (MB)",
         goal: Goal::Informational,
         read: |r| Some(at(r, &["memory_heavy_annotations", "rss_anon_kb"])? / 1e3),
+        floor: None,
     },
     Row {
         name: "create exit -> Added, p99 (us)",
         goal: Goal::AtMost(300.0),
         read: |r| at(r, &["discovery_us", "create_exit_to_added", "p99"]),
+        floor: None,
     },
     Row {
         name: "container exit -> Removed, p99 (us)",
         goal: Goal::AtMost(300.0),
         read: |r| at(r, &["discovery_us", "exit_to_removed", "p99"]),
+        floor: None,
     },
     Row {
         name: "exec beyond the allow-all floor, p50 (us)",
@@ -246,6 +270,7 @@ const ROWS: &[Row] = &[
                     - at(r, &["exec_us", "overhead_floor_p50_us"])?,
             )
         },
+        floor: None,
     },
     Row {
         name: "runc start back to back, 1 subscriber, paired p50 (us)",
@@ -261,6 +286,7 @@ const ROWS: &[Row] = &[
                 ],
             )
         },
+        floor: None,
     },
 ];
 
@@ -280,6 +306,7 @@ fn compare(this: &Value, against: &Value) -> Value {
                 Goal::TwiceTheData => heavy_goal_mb(this),
                 Goal::Informational => None,
             };
+            let floor = row.floor.and_then(|read| read(this));
             json!({
                 "measure": row.name,
                 "this": a,
@@ -287,6 +314,9 @@ fn compare(this: &Value, against: &Value) -> Value {
                 "ratio": a.zip(b).map(|(a, b)| a / b),
                 "goal_at_most": goal,
                 "goal_met": a.zip(goal).map(|(a, g)| a <= g),
+                "floor": floor,
+                // A goal no exec-permission listener can meet here.
+                "goal_below_floor": goal.zip(floor).map(|(g, f)| g < f),
             })
         })
         .collect()
@@ -299,15 +329,21 @@ fn print_comparison(rows: &Value, against: &str) {
         Some(x) => format!("{x:.2}"),
         None => "-".to_owned(),
     };
-    println!("\n| measure | this tree | {against} | this / that | goal | met |");
-    println!("|---|---|---|---|---|---|");
+    println!("\n| measure | this tree | {against} | this / that | allow-all floor | goal | met |");
+    println!("|---|---|---|---|---|---|---|");
     for r in rows.as_array().map(Vec::as_slice).unwrap_or_default() {
         println!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {} | {} |",
             r["measure"].as_str().unwrap_or_default(),
             num(&r["this"]),
             num(&r["against"]),
             num(&r["ratio"]),
+            num(&r["floor"]),
+            if r["goal_below_floor"] == json!(true) {
+                " (above the goal)"
+            } else {
+                ""
+            },
             if r["goal_at_most"].is_null() {
                 "-".to_owned()
             } else {
@@ -332,6 +368,7 @@ mod tests {
     fn each_row_reads_its_figure_and_a_missing_one_is_none() {
         let report = json!({
             "churn": {"cpu_s": 0.5, "containers": 500},
+            "churn_floor": {"cpu_per_container_ms": 0.25},
             "startup_ms": {"p50": 200.0},
             "idle_5s": {"rss_kb": 9000},
             "memory_heavy_annotations": {"containers": 200, "annotation_bytes_each": 65536,
@@ -349,6 +386,18 @@ mod tests {
             by("agent CPU per container, churn (ms)")["this"],
             json!(1.0)
         );
+        let churn = by("agent CPU per container, churn (ms)");
+        assert_eq!(churn["floor"], json!(0.25));
+        assert_eq!(
+            churn["goal_below_floor"],
+            json!(true),
+            "0.2 ms is below a floor of 0.25"
+        );
+        assert!(
+            by("agent CPU per event, no consumer (us)")["floor"].is_null(),
+            "no floor in this report"
+        );
+        assert!(by("idle RSS (MB)")["goal_below_floor"].is_null());
         assert_eq!(by("idle RSS (MB)")["goal_met"], json!(true));
         assert!(
             by("idle RSS, anonymous part (MB)")["goal_at_most"].is_null(),

@@ -24,8 +24,8 @@ use lookout_client::{Client, Event, Filter, GateOptions, OnFailure};
 use serde_json::{Value, json};
 
 use super::{
-    Agent, PeakRss, busybox_bundle, drop_page_cache, now_ns, pct, proc_sample, runtime, shuffle,
-    stats,
+    Agent, Floor, PeakRss, busybox_bundle, cpu_clock_s, drop_page_cache, in_path, now_ns, pct,
+    proc_sample, runtime, shuffle, stats,
 };
 use crate::util::{cargo, exec, say, workspace_root};
 
@@ -142,22 +142,7 @@ impl Watched {
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         let ticks = proc_sample(self.agent.pid()).0 as f64 / hz;
-        let mut clock: libc::clockid_t = 0;
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid out-pointers; the pid is our own unreaped child.
-        let precise = unsafe {
-            if libc::clock_getcpuclockid(self.agent.pid() as libc::pid_t, &mut clock) == 0
-                && libc::clock_gettime(clock, &mut ts) == 0
-            {
-                ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-            } else {
-                f64::NAN
-            }
-        };
-        (ticks, precise)
+        (ticks, cpu_clock_s(self.agent.pid()))
     }
 }
 
@@ -284,6 +269,7 @@ pub fn bench_consumers_release(
 /// agent for the watchers.
 pub fn bench_consumers(
     lookout: &Path,
+    floor: &Path,
     work: &Path,
     rounds: usize,
     churn: usize,
@@ -295,7 +281,7 @@ pub fn bench_consumers(
         .enable_all()
         .build()?;
     let gates = gates(lookout, work, &rt, rounds)?;
-    let watchers = watchers(lookout, work, &rt, churn)?;
+    let watchers = watchers(lookout, floor, work, &rt, churn)?;
     rt.shutdown_background();
     Ok(json!({ "gate_start_us": gates, "watchers": watchers }))
 }
@@ -456,9 +442,12 @@ fn gates(
     Ok(out)
 }
 
-/// 2 and 3. Agent CPU per event and RSS with `WATCHERS` watchers and none.
+/// 2 and 3. Agent CPU per event and RSS with `WATCHERS` watchers and none,
+/// and the floor: the allow-all responder on a third copy of runc, given
+/// the same containers in the same rounds.
 fn watchers(
     lookout: &Path,
+    floor_bin: &Path,
     work: &Path,
     rt: &tokio::runtime::Runtime,
     churn: usize,
@@ -483,6 +472,14 @@ fn watchers(
             Arc::clone(&snapshots),
         ))?;
     }
+    // The floor: what answering the same execs costs with nothing else
+    // done (no BPF, no files read, no events).
+    let floor_dir = work.join("watch-floor");
+    std::fs::create_dir_all(&floor_dir)?;
+    let floor_runc = floor_dir.join("runc");
+    lookout_testsupport::install_executable(&in_path("runc")?, &floor_runc)
+        .with_context(|| format!("copying runc to {}", floor_runc.display()))?;
+    let floor = Floor::start(floor_bin, &[&floor_runc], &floor_dir)?;
     wait_metric(&agents[0], "lookout_watchers", WATCHERS as f64)?;
     // Let the connections settle before the baseline samples.
     std::thread::sleep(Duration::from_millis(500));
@@ -495,6 +492,7 @@ fn watchers(
         .map(|a| PeakRss::start(a.agent.pid()))
         .collect();
     let cpu0: Vec<(f64, f64)> = agents.iter().map(Watched::cpu).collect();
+    let floor0 = floor.cpu_s();
     // Events are counted off stdout, all of them: the CPU time covers any
     // other container's too (the root tests' containers are visible to
     // every agent through the shared /run/runc).
@@ -507,20 +505,31 @@ fn watchers(
     let mut failed = 0usize;
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let t = Instant::now();
+    let mut floor_failed = 0usize;
     for i in 0..churn {
-        let mut order = [0usize, 1];
+        let mut order = [0usize, 1, 2];
         shuffle(&mut rng, &mut order);
         for k in order {
             let id = format!("bench-watch{k}-{i}");
-            if !(agents[k].run(&["create", "--bundle", bs, &id]) && agents[k].run(&["start", &id]))
-            {
-                failed += 1;
+            let run = |args: &[&str]| match agents.get(k) {
+                Some(a) => a.run(args),
+                None => runtime(&floor_runc, args),
+            };
+            if !(run(&["create", "--bundle", bs, &id]) && run(&["start", &id])) {
+                match ids.get(k) {
+                    Some(_) => failed += 1,
+                    None => floor_failed += 1,
+                }
             }
-            agents[k].run(&["delete", "--force", &id]);
-            ids[k].push(id);
+            run(&["delete", "--force", &id]);
+            if let Some(ids) = ids.get_mut(k) {
+                ids.push(id);
+            }
         }
     }
     let churn_s = t.elapsed().as_secs_f64();
+    let floor_cpu = floor.cpu_s() - floor0;
+    drop(floor);
     // Every container reported added and removed by its agent, and every
     // change read by every watcher.
     let removed = |k: usize| {
@@ -590,6 +599,12 @@ fn watchers(
         "added_cpu_per_event_us": added,
         "added_cpu_clock_per_event_us": added_clock,
         "added_cpu_clock_per_watcher_event_us": added_clock / WATCHERS as f64,
+        // Per container event as an agent counts them (added, removed).
+        "floor": {
+            "create_start_failed": floor_failed,
+            "cpu_clock_s": floor_cpu,
+            "cpu_clock_per_container_event_us": floor_cpu * 1e6 / (2 * churn.max(1)) as f64,
+        },
         "watcher_changes_read": changes.load(Ordering::Relaxed),
         "watcher_changes_expected": expected_changes,
         "watcher_snapshots": snapshots.load(Ordering::Relaxed),
@@ -692,5 +707,9 @@ pub fn print(v: &Value) {
         g(w, "added_cpu_per_event_us"),
         g(w, "added_cpu_clock_per_event_us"),
         g(w, "added_cpu_clock_per_watcher_event_us"),
+    );
+    println!(
+        "floor: the allow-all responder alone on the same containers: {:.0} us per container event (CPU clock)",
+        g(&w["floor"], "cpu_clock_per_container_event_us"),
     );
 }
