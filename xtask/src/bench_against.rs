@@ -201,7 +201,11 @@ const ROWS: &[Row] = &[
     Row {
         name: "agent CPU per container, churn (ms)",
         goal: Goal::AtMost(0.2),
-        read: |r| Some(at(r, &["churn", "cpu_s"])? * 1e3 / at(r, &["churn", "containers"])?),
+        // The CPU clock (ns); an older report has the clock ticks only.
+        read: |r| {
+            let cpu = at(r, &["churn", "cpu_clock_s"]).or_else(|| at(r, &["churn", "cpu_s"]))?;
+            Some(cpu * 1e3 / at(r, &["churn", "containers"])?)
+        },
         floor: Some(|r| at(r, &["churn_floor", "cpu_per_container_ms"])),
     },
     Row {

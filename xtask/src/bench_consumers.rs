@@ -603,7 +603,8 @@ fn watchers(
         "floor": {
             "create_start_failed": floor_failed,
             "cpu_clock_s": floor_cpu,
-            "cpu_clock_per_container_event_us": floor_cpu * 1e6 / (2 * churn.max(1)) as f64,
+            "cpu_clock_per_container_event_us":
+                floor_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed).max(1)) as f64,
         },
         "watcher_changes_read": changes.load(Ordering::Relaxed),
         "watcher_changes_expected": expected_changes,

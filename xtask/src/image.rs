@@ -137,6 +137,7 @@ pub fn image(opts: &Options) -> anyhow::Result<()> {
             );
         } else {
             let again = build_platforms(opts, "build-check", &PLATFORMS[..1])?;
+            anyhow::ensure!(!again.manifests.is_empty(), "the check built no platform");
             for (arch, digest) in &again.manifests {
                 let first = built
                     .manifests
@@ -146,10 +147,9 @@ pub fn image(opts: &Options) -> anyhow::Result<()> {
                 if first != Some(digest.as_str()) {
                     bail!(
                         "the image is not reproducible: linux/{arch}'s manifest was {} then {digest} \
-                         (compare {} and {})",
+                         (compare target/image/lookout.stripped with \
+                         target/image/build-check/lookout.stripped, e.g. with diffoscope)",
                         first.unwrap_or("missing"),
-                        built.archive.display(),
-                        again.archive.display()
                     );
                 }
                 say(
