@@ -6,6 +6,35 @@ use std::path::PathBuf;
 
 use lookout_model::Namespaces;
 
+/// A `/proc` file read whole, in two `read`s. `std::fs::read_to_string`
+/// asks the file its size (`statx`, and `lseek` for the position), which
+/// is 0 for these, then reads in 32-byte probes doubling up: eight calls
+/// for a `stat` line. These files are under a page: a buffer of a page
+/// reads one in a call and sees its end in a second. (Through `take`, as
+/// `Take` has no size hint to ask for: the generic `read_to_end`.)
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path)
+        .ok()?
+        .take(u64::MAX)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// [`read_proc`], as bytes.
+fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(4096);
+    std::fs::File::open(path)
+        .ok()?
+        .take(u64::MAX)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
+}
+
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
     let target = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?;
     let s = target.to_str()?;
@@ -29,7 +58,7 @@ pub fn cgroup(pid: u32) -> Option<String> {
     let text = HOST_CGROUP_READER
         .get()
         .and_then(|r| r.read(pid))
-        .or_else(|| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok())?;
+        .or_else(|| read_proc(&format!("/proc/{pid}/cgroup")))?;
     parse_cgroup(&text)
 }
 
@@ -82,7 +111,7 @@ pub fn use_host_cgroup_namespace(pid: u32) -> std::io::Result<bool> {
                 return;
             }
             for (pid, reply) in rx {
-                if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                if let Some(text) = read_proc(&format!("/proc/{pid}/cgroup")) {
                     let _ = reply.try_send(text);
                 }
             }
@@ -129,7 +158,7 @@ pub fn parse_cgroup(text: &str) -> Option<String> {
 
 /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks since boot.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     parse_start_time(&stat)
 }
 
@@ -137,7 +166,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// zombie (`Z`) or dead (`X`). A container's init whose parent has not
 /// reaped it yet still has a `/proc` entry, but it has exited.
 pub fn live_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?;
     if matches!(state, "Z" | "X" | "x") {
         return None;
@@ -187,13 +216,10 @@ fn is_self_or_ancestor(pid: u32) -> bool {
         if p <= 1 {
             return false;
         }
-        let Some(parent) = std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let rest = &stat[stat.rfind(')')? + 1..];
-                rest.split_whitespace().nth(1)?.parse().ok()
-            })
-        else {
+        let Some(parent) = read_proc(&format!("/proc/{p}/stat")).and_then(|stat| {
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_whitespace().nth(1)?.parse().ok()
+        }) else {
             return false;
         };
         p = parent;
@@ -204,7 +230,7 @@ fn is_self_or_ancestor(pid: u32) -> bool {
 /// The real uid of `pid` (the first `Uid:` field of its status), as the
 /// reader's user namespace sees it.
 pub fn real_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = read_proc(&format!("/proc/{pid}/status"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))?
@@ -229,7 +255,7 @@ pub fn cwd(pid: u32) -> Option<PathBuf> {
 
 /// argv of `pid` from `/proc/<pid>/cmdline`.
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let raw = read_proc_bytes(&format!("/proc/{pid}/cmdline"))?;
     Some(
         raw.split(|&b| b == 0)
             .filter(|s| !s.is_empty())
@@ -241,6 +267,37 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_files_longer_than_the_first_page_are_read_whole() {
+        // A command line of 3 x 3000 bytes: more than the one page the
+        // read starts with (sh keeps its arguments while it waits).
+        let arg = "x".repeat(3000);
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 10; :", &arg, &arg, &arg])
+            .spawn()
+            .expect("spawn sh");
+        let path = format!("/proc/{}/cmdline", child.id());
+        // Until the exec is through, the cmdline is the test's own.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read(&path).is_ok_and(|b| b.starts_with(b"/bin/sh\0-c"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let ours = read_proc_bytes(&path);
+        let std = std::fs::read(&path).ok();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(ours, std);
+        assert!(ours.is_some_and(|b| b.len() > 9000));
+        let line = read_proc(&format!("/proc/{}/stat", std::process::id())).expect("stat");
+        assert!(
+            line.starts_with(&format!("{} (", std::process::id())),
+            "{line}"
+        );
+        assert!(read_proc("/proc/no-such-pid/stat").is_none());
+    }
 
     #[test]
     fn cgroup_prefers_unified() {

@@ -118,6 +118,11 @@ pub fn open(host_root: &Path, path: &Path, policy: Policy) -> Result<std::fs::Fi
 /// [`open`], with `dir` (from [`open_dir`]) as the root: `path` cannot
 /// leave `dir` either (absolute symlinks and `..` resolve inside it).
 pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::File, Refused> {
+    open_sized(dir, path, policy).map(|(file, _)| file)
+}
+
+/// [`open_in`], and the size `fstat` saw.
+fn open_sized(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<(std::fs::File, u64), Refused> {
     let fd = resolve(
         dir,
         path,
@@ -140,7 +145,7 @@ pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::Fi
             limit: policy.max_bytes,
         });
     }
-    Ok(std::fs::File::from(fd))
+    Ok((std::fs::File::from(fd), st.st_size as u64))
 }
 
 fn open_root(host_root: &Path) -> Result<OwnedFd, Refused> {
@@ -177,17 +182,25 @@ fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, Refused>
 
 /// [`read`] of `path` inside `dir` (see [`open_in`]).
 pub fn read_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<Vec<u8>, Refused> {
-    read_all(open_in(dir, path, policy)?, policy)
+    let (file, size) = open_sized(dir, path, policy)?;
+    read_all(file, size, policy)
 }
 
 /// Reads `path` under `host_root` (see [`open`]), at most
 /// `policy.max_bytes` bytes.
 pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, Refused> {
-    read_all(open(host_root, path, policy)?, policy)
+    let (file, size) = open_sized(&open_root(host_root)?, path, policy)?;
+    read_all(file, size, policy)
 }
 
-fn read_all(file: std::fs::File, policy: Policy) -> Result<Vec<u8>, Refused> {
-    let mut bytes = Vec::new();
+/// Reads `file`, `size` bytes when `fstat` was right. The buffer holds
+/// those and one more, so a file that did not change is read in one call
+/// and its end seen in a second (from an empty buffer, `read_to_end`
+/// probes with 32 bytes and doubles up: eight reads for a 2 KB
+/// config.json). `size` was checked against the limit at open.
+fn read_all(file: std::fs::File, size: u64, policy: Policy) -> Result<Vec<u8>, Refused> {
+    let room = size.min(policy.max_bytes).saturating_add(1);
+    let mut bytes = Vec::with_capacity(usize::try_from(room).unwrap_or(0));
     file.take(policy.max_bytes + 1)
         .read_to_end(&mut bytes)
         .map_err(Refused::Read)?;
@@ -289,6 +302,52 @@ mod tests {
         symlink("/", root.path().join("up")).expect("symlink");
         let through = Path::new("/up").join(outside.path().strip_prefix("/").expect("abs"));
         assert!(read(root.path(), &through, ANY).is_err());
+    }
+
+    #[test]
+    fn a_file_that_changed_size_after_fstat_is_read_as_it_is_now() {
+        // The buffer is sized from fstat; what is read is what the file
+        // holds when read, and the limit still holds.
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = open_root(root.path()).expect("root");
+        let path = root.path().join("f");
+        let limit = Policy {
+            max_bytes: 64,
+            root_owned: false,
+        };
+        let append = |bytes: &[u8]| {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(bytes))
+                .expect("append");
+        };
+        std::fs::write(&path, b"0123456789").expect("write");
+        let (file, size) = open_sized(&dir, Path::new("/f"), limit).expect("open");
+        assert_eq!(size, 10);
+        append(b"abcdefghij");
+        assert_eq!(
+            read_all(file, size, limit).expect("still under the limit"),
+            b"0123456789abcdefghij"
+        );
+        let (file, size) = open_sized(&dir, Path::new("/f"), limit).expect("open");
+        append(&[b'x'; 64]);
+        let e = read_all(file, size, limit).expect_err("grew past the limit");
+        assert!(
+            matches!(
+                e,
+                Refused::TooLarge {
+                    size: 65,
+                    limit: 64
+                }
+            ),
+            "{e}"
+        );
+        std::fs::write(&path, b"0123456789").expect("write");
+        let (file, size) = open_sized(&dir, Path::new("/f"), limit).expect("open");
+        std::fs::write(&path, b"01").expect("truncate");
+        assert_eq!(read_all(file, size, limit).expect("shrank"), b"01");
     }
 
     #[test]
