@@ -260,3 +260,66 @@ fn log_filters_formats_and_exit_codes() {
         "one spelling at a time: {both:?}"
     );
 }
+
+/// The argv the BPF program records, against the argv given: empty
+/// arguments keep their place, an argument longer than a slot is cut to
+/// 255 bytes, and the rest follow. The program's loop is shaped for the
+/// verifier (no branch that stays in the loop), so its byte arithmetic is
+/// checked here, on the real kernel. N.B. for an empty string the helper
+/// returns 1 on recent kernels but 0 on older ones (`strncpy_from_user_nofault`
+/// counted the NUL only after a non-empty string): the program's "at least
+/// one byte" matters there, and this machine's kernel cannot tell.
+#[test]
+fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
+    let test = "bpf_argv_capture_keeps_empty_and_long_arguments_in_place";
+    if !require_root(test) {
+        return;
+    }
+    let object: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookout-ebpf.o"));
+    if object.is_empty() {
+        skip(
+            test,
+            "the agent was built without its BPF object (cargo xtask build-ebpf)",
+        );
+        return;
+    }
+    // A name of its own: every loaded capture records execs of its names,
+    // whatever other test loaded it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let name = format!("lkargv{}", std::process::id());
+    let exe = dir.path().join(&name);
+    lookout_testsupport::install_executable(std::path::Path::new("/bin/true"), &exe)
+        .expect("copy /bin/true");
+    let mut capture = lookout_runtime_hook::ExecCapture::load(object, std::slice::from_ref(&name))
+        .expect("load the argv capture");
+    let mut ring = capture.take_ring().expect("the ring");
+    let long = "x".repeat(300);
+    let args = ["a", "", "bc", "", long.as_str(), "", "end"];
+    let mut child = Command::new(&exe).args(args).spawn().expect("run");
+    // The record is written at syscall entry, by the child's only thread:
+    // its thread id is the child's pid.
+    let pid = child.id();
+    assert!(child.wait().expect("wait").success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let record = loop {
+        if let Some(r) = ring.take(pid) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no argv record of pid {pid} ({name}) in 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let mut want = vec![exe.to_string_lossy().into_owned()];
+    want.extend(args.iter().map(|a| {
+        if a.len() > 255 {
+            a[..255].to_owned()
+        } else {
+            (*a).to_owned()
+        }
+    }));
+    assert_eq!(record.argv, want);
+    assert!(!record.truncated, "{record:?}");
+    assert_eq!(record.tgid, pid);
+}

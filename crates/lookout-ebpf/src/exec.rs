@@ -1,6 +1,7 @@
 //! argv capture for the runtime hook: `sys_enter_execve` and
 //! `sys_enter_execveat`, filtered by the exec'd file's name in the kernel.
 
+use aya_ebpf::cty::c_void;
 use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
 };
@@ -126,16 +127,26 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         let o = off & (ARGS_SIZE - 1);
         // SAFETY: o < ARGS_SIZE and the array has ARGS_SIZE + ARG_LEN bytes.
         let dst = unsafe { &mut (&mut (*ev).args)[o..o + ARG_LEN] };
-        // SAFETY: a user-space string read through a checked helper.
-        match unsafe { bpf_probe_read_user_str_bytes(p as *const u8, dst) } {
-            Ok(s) => {
-                // N.B. no per-argument branch here: a branch that does not
-                // leave the loop doubles the verifier's states per argument.
-                off += s.len() + 1;
-                argc += 1;
-            }
-            Err(_) => break,
+        // SAFETY: a user-space string read by the helper into `dst`, at
+        // most ARG_LEN bytes with the NUL.
+        let ret = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user_str(
+                dst.as_mut_ptr().cast(),
+                ARG_LEN as u32,
+                p as *const c_void,
+            )
+        };
+        if !(0..=ARG_LEN as i64).contains(&ret) {
+            break;
         }
+        // The helper's count includes the NUL, except for an empty string:
+        // 0, with the NUL written. One byte at least, then, and without a
+        // branch: a branch that does not leave the loop (such as
+        // `saturating_sub` in aya's `_str_bytes` wrapper) doubles the
+        // verifier's states per argument.
+        let len = ret as usize;
+        off += len + (len.wrapping_sub(1) >> 63);
+        argc += 1;
         if off >= ARGS_SIZE {
             fl |= EXEC_FLAG_TRUNCATED;
             off = ARGS_SIZE;
