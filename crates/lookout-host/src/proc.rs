@@ -6,24 +6,12 @@ use std::path::PathBuf;
 
 use lookout_model::Namespaces;
 
-/// A `/proc` file read whole, in two `read`s. `std::fs::read_to_string`
-/// asks the file its size (`statx`, and `lseek` for the position), which
-/// is 0 for these, then reads in 32-byte probes doubling up: eight calls
-/// for a `stat` line. These files are under a page: a buffer of a page
-/// reads one in a call and sees its end in a second. (Through `take`, as
-/// `Take` has no size hint to ask for: the generic `read_to_end`.)
-fn read_proc(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::with_capacity(4096);
-    std::fs::File::open(path)
-        .ok()?
-        .take(u64::MAX)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
-}
-
-/// [`read_proc`], as bytes.
+/// A `/proc` file read whole, in two `read`s. `std::fs::read` asks the
+/// file its size (`statx`, and `lseek` for the position), which is 0 for
+/// these, then reads in 32-byte probes doubling up: eight calls for a
+/// `stat` line. These files are under a page: a buffer of a page reads one
+/// in a call and sees its end in a second. (Through `take`, as `Take` has
+/// no size hint to ask for: the generic `read_to_end`.)
 fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::with_capacity(4096);
@@ -33,6 +21,12 @@ fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
         .read_to_end(&mut bytes)
         .ok()?;
     Some(bytes)
+}
+
+/// [`read_proc_bytes`] as text; `None` if it is not UTF-8 (as
+/// `std::fs::read_to_string`).
+fn read_proc(path: &str) -> Option<String> {
+    String::from_utf8(read_proc_bytes(path)?).ok()
 }
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
