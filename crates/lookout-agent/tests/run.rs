@@ -266,11 +266,38 @@ fn containers_running_before_the_agent_are_found_by_the_state_scan() {
     }
     let rt = Runtime::runc();
     let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["sleep", "30"], |c| {
-        c["annotations"] = serde_json::json!({"scan": "yes"});
-    });
+    // Its init names itself in bytes that are not UTF-8 (as any process
+    // may): that must not make it read as dead to the scan, and so hidden.
+    let b = bundle::busybox(
+        &dir.path().join("b"),
+        &[
+            "sh",
+            "-c",
+            "printf '\\377\\376' > /proc/$$/comm && sleep 30; exit 0",
+        ],
+        |c| {
+            c["annotations"] = serde_json::json!({"scan": "yes"});
+        },
+    );
     let id = id("scan");
     rt.ok(&["run", "-d", "--bundle", b.to_str().expect("utf-8"), &id]);
+    // `Runtime::run` keeps no stdout (a container would inherit the pipe);
+    // `state` starts no container.
+    let state = rt
+        .command()
+        .args(["state", &id])
+        .output()
+        .expect("runc state");
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("runc state");
+    let pid = state["pid"].as_u64().expect("pid");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default() != b"\xff\xfe\n" {
+        assert!(
+            Instant::now() < deadline,
+            "the container's init never renamed itself"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let agent = Agent::start(&rt, &[]);
     let added = agent.wait_event(&id, "added", Duration::from_secs(5));
     assert_eq!(added["source"], "state-scan");

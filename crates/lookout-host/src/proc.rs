@@ -23,10 +23,20 @@ fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// [`read_proc_bytes`] as text; `None` if it is not UTF-8 (as
-/// `std::fs::read_to_string`).
+/// [`read_proc_bytes`] as text, bytes that are not UTF-8 replaced.
+///
+/// N.B. not `None` for those, as `std::fs::read_to_string` would: a
+/// process names itself (`prctl(PR_SET_NAME)`, `/proc/self/comm`: any
+/// bytes but NUL), and that name is in `stat` and `status`. A container
+/// whose init named itself `"\xff"` would read as dead, and the start-up
+/// scan would skip it: hidden. The fields parsed here are ASCII; only the
+/// name (and a cgroup path component) can be replaced.
 fn read_proc(path: &str) -> Option<String> {
-    String::from_utf8(read_proc_bytes(path)?).ok()
+    let bytes = read_proc_bytes(path)?;
+    Some(
+        String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
 }
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
@@ -261,6 +271,40 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_that_names_itself_in_bytes_that_are_not_utf8_is_still_read() {
+        // sh names itself "\xff\xfe) Z 1 (" (a parenthesis and a fake state
+        // too) and waits: alive, with a start time, a parent and a uid.
+        let mut child = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                "printf '\\377\\376) Z 1 (' > /proc/$$/comm && echo named && sleep 10; exit 0",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("read");
+        let pid = child.id();
+        let comm = std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let named = line.trim() == "named";
+        let alive = live_start_time(pid);
+        let started = start_time(pid);
+        let uid = real_uid(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(named, "sh could not rename itself: {line:?}");
+        assert!(comm.starts_with(b"\xff\xfe)"), "{comm:?}");
+        assert!(alive.is_some(), "a renamed process reads as dead");
+        assert_eq!(alive, started);
+        // SAFETY: getuid has no preconditions.
+        assert_eq!(uid, Some(unsafe { libc::getuid() }));
+    }
 
     #[test]
     fn proc_files_longer_than_the_first_page_are_read_whole() {

@@ -76,18 +76,22 @@ pub fn find_pids(proc_root: &Path, wanted: &HashSet<String>) -> HashMap<String, 
         else {
             continue;
         };
-        let Ok(text) = std::fs::read_to_string(entry.path().join("cgroup")) else {
+        // Bytes that are not UTF-8 are replaced, not a reason to skip the
+        // process: a process names itself (its `stat`) and, with a
+        // delegated cgroup tree, its cgroup.
+        let Ok(bytes) = std::fs::read(entry.path().join("cgroup")) else {
             continue;
         };
+        let text = String::from_utf8_lossy(&bytes);
         let Some(path) = lookout_host::proc::parse_cgroup(&text) else {
             continue;
         };
         let Some(id) = container_id_from_cgroup(&path).filter(|id| wanted.contains(*id)) else {
             continue;
         };
-        let started = std::fs::read_to_string(entry.path().join("stat"))
+        let started = std::fs::read(entry.path().join("stat"))
             .ok()
-            .and_then(|s| lookout_host::proc::parse_start_time(&s))
+            .and_then(|s| lookout_host::proc::parse_start_time(&String::from_utf8_lossy(&s)))
             .unwrap_or(u64::MAX);
         let e = best.entry(id.to_owned()).or_insert((started, pid));
         if (started, pid) < *e {
