@@ -25,20 +25,32 @@ pub(crate) struct Observed {
     pub cgroup: Option<String>,
 }
 
+/// What a `run` watcher found.
+#[derive(Debug)]
+pub(crate) enum RunSeen {
+    /// The container's state, read while it lived.
+    Observed(Observed),
+    /// The container's directory was there, but its state was gone before
+    /// it could be read (a container that ran and ended within the
+    /// watcher's start): a container made and not reported.
+    Vanished,
+}
+
 /// Watches `root` (a path this process opens) for `id`'s state file while
-/// the `run` process `tgid` lives, for at most 30 s.
+/// the `run` process `tgid` lives, for at most 30 s. Sends nothing when no
+/// trace of the container was seen (a `run` that failed).
 pub(crate) fn spawn(
     runtime: RuntimeKind,
     root: PathBuf,
     id: String,
     tgid: u32,
-    tx: mpsc::Sender<Observed>,
+    tx: mpsc::Sender<RunSeen>,
 ) {
     let spawned = std::thread::Builder::new()
         .name(format!("lookout-run-{id}"))
         .spawn(move || {
-            if let Some(obs) = watch(&runtime, &root, &id, tgid) {
-                let _ = tx.blocking_send(obs);
+            if let Some(seen) = watch(&runtime, &root, &id, tgid) {
+                let _ = tx.blocking_send(seen);
             }
         });
     if let Err(e) = spawned {
@@ -46,7 +58,7 @@ pub(crate) fn spawn(
     }
 }
 
-fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> Option<Observed> {
+fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> Option<RunSeen> {
     let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok();
     let dir = root.join(id);
     let state = state_file(runtime, root, id);
@@ -59,6 +71,9 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
     }
     let mut root_watched = false;
     let mut dir_watched = false;
+    // Whether the container's directory (runsc: a file named after it)
+    // was ever seen: a `run` that ends without one made nothing.
+    let mut traced = false;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(ino) = &ino {
@@ -73,18 +88,19 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
             }
         }
         // Check after arming the watches: nothing written before is missed.
+        traced |= dir.is_dir();
         if (runsc || state.exists())
             && let Ok(s) = read_state(runtime, root, id)
         {
-            return Some(Observed {
+            return Some(RunSeen::Observed(Observed {
                 id: id.to_owned(),
                 pid: s.pid,
                 namespaces: proc::namespaces(s.pid),
                 cgroup: proc::cgroup(s.pid),
-            });
+            }));
         }
         if Instant::now() > deadline || !std::path::Path::new(&format!("/proc/{tgid}")).exists() {
-            return None;
+            return traced.then_some(RunSeen::Vanished);
         }
         match &ino {
             // Without a root dir to watch yet (the runtime creates it on
@@ -92,7 +108,16 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
             Some(ino) if root_watched => {
                 let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
                 let _ = poll(&mut fds, PollTimeout::from(20u16));
-                let _ = ino.read_events();
+                // A directory (or runsc file) named after the container
+                // that came and went between two looks.
+                if let Ok(events) = ino.read_events() {
+                    traced |= events.iter().any(|e| {
+                        e.name.as_deref().is_some_and(|n| {
+                            let n = n.to_string_lossy();
+                            n == id || (runsc && n.contains(id))
+                        })
+                    });
+                }
             }
             _ => std::thread::sleep(Duration::from_millis(1)),
         }

@@ -28,8 +28,9 @@ pub trait Observer: Send + Sync {
     /// A runtime exec that should have made a container did not yield one
     /// lookout can report, for `reason` (`unreadable-state`: the runtime
     /// left state that cannot be read or parsed, in a layout this version
-    /// may not know; `state-timeout`; `not-a-container-process`). Logged at
-    /// warn level too.
+    /// may not know; `state-timeout`; `not-a-container-process`;
+    /// `run-unobserved`: a `run` whose container ended before its state
+    /// could be read). Logged at warn level too.
     fn missed(&self, runtime: &str, reason: &'static str) {
         let _ = (runtime, reason);
     }

@@ -15,7 +15,7 @@ use crate::capture::ExecCapture;
 use crate::container::fill;
 use crate::lifecycle::{Effect, Input, Lifecycle, Pending};
 use crate::oci::OciConfig;
-use crate::run_watch::Observed;
+use crate::run_watch::{Observed, RunSeen};
 use crate::state::{default_root, leaves_trace, read_pid_file_under, read_state_under};
 use crate::stats::{Counters, Observer, Stats};
 use crate::{Error, pidfd};
@@ -547,13 +547,28 @@ impl RuntimeHook {
                     // state file while the container lives.
                     let (tx, mut rx) = mpsc::channel(1);
                     let root = lookout_host::host_path(&self.config.host_root, &root);
-                    crate::run_watch::spawn(runtime, root, id, pid, tx);
+                    crate::run_watch::spawn(runtime.clone(), root, id.clone(), pid, tx);
                     let notices = self.notices_tx.clone();
+                    let counters = Arc::clone(&self.counters);
                     tokio::spawn(async move {
-                        if let Some(obs) = rx.recv().await {
-                            let _ = notices
-                                .send(Notice::Step(Box::new(Input::Observed(obs))))
-                                .await;
+                        match rx.recv().await {
+                            Some(RunSeen::Observed(obs)) => {
+                                let _ = notices
+                                    .send(Notice::Step(Box::new(Input::Observed(obs))))
+                                    .await;
+                            }
+                            // N.B. not silent: the container is gone, and
+                            // what config.json said is not enough to
+                            // report it as having run.
+                            Some(RunSeen::Vanished) => {
+                                counters.missed(&runtime, "run-unobserved");
+                                tracing::warn!(
+                                    runtime = %runtime,
+                                    id,
+                                    "`run` made a container that ended before its state could be read; not reported"
+                                );
+                            }
+                            None => tracing::debug!(id, "`run` ended without a container"),
                         }
                     });
                 }
