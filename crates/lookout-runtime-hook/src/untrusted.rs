@@ -193,13 +193,18 @@ pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, Re
     read_all(file, size, policy)
 }
 
-/// Reads `file`, `size` bytes when `fstat` was right. The buffer holds
-/// those and one more, so a file that did not change is read in one call
-/// and its end seen in a second (from an empty buffer, `read_to_end`
-/// probes with 32 bytes and doubles up: eight reads for a 2 KB
-/// config.json). `size` was checked against the limit at open.
+/// The most a read reserves before the file gives its bytes.
+const PREALLOCATED_AT_MOST: u64 = 64 * 1024;
+
+/// Reads `file`, `size` bytes when `fstat` was right. The buffer starts
+/// with room for those and one more (at most 64 KiB + 1: a read held by a
+/// hung file system reserves no more than that), so a runtime's config or
+/// state file is read in a call or two and its end seen in the next; from
+/// an empty buffer, `read_to_end` probes with 32 bytes and doubles up
+/// (eight reads for a 2 KB config.json). `size` was checked against the
+/// limit at open.
 fn read_all(file: std::fs::File, size: u64, policy: Policy) -> Result<Vec<u8>, Refused> {
-    let room = size.min(policy.max_bytes).saturating_add(1);
+    let room = size.min(policy.max_bytes).min(PREALLOCATED_AT_MOST) + 1;
     let mut bytes = Vec::with_capacity(usize::try_from(room).unwrap_or(0));
     file.take(policy.max_bytes + 1)
         .read_to_end(&mut bytes)
@@ -348,6 +353,15 @@ mod tests {
         let (file, size) = open_sized(&dir, Path::new("/f"), limit).expect("open");
         std::fs::write(&path, b"01").expect("truncate");
         assert_eq!(read_all(file, size, limit).expect("shrank"), b"01");
+        // Larger than what is reserved up front: read whole all the same.
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &big).expect("write");
+        let roomy = Policy {
+            max_bytes: 1 << 20,
+            root_owned: false,
+        };
+        let (file, size) = open_sized(&dir, Path::new("/f"), roomy).expect("open");
+        assert_eq!(read_all(file, size, roomy).expect("100 KB"), big);
     }
 
     #[test]
