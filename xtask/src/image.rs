@@ -117,49 +117,48 @@ pub fn image(opts: &Options) -> anyhow::Result<()> {
             std::fs::remove_dir_all(&check_dir)
                 .with_context(|| format!("removing {}", check_dir.display()))?;
         }
-        if opts.every_platform {
-            let again = build(opts, "build-check")?;
-            if again.digest != built.digest {
+        let platforms = if opts.every_platform {
+            PLATFORMS
+        } else {
+            &PLATFORMS[..1]
+        };
+        let again = build_platforms(opts, "build-check", platforms)?;
+        anyhow::ensure!(!again.manifests.is_empty(), "the check built no platform");
+        for (arch, digest) in &again.manifests {
+            let first = built
+                .manifests
+                .iter()
+                .find(|(a, _)| a == arch)
+                .map(|(_, d)| d.as_str());
+            if first != Some(digest.as_str()) {
+                let name = if *arch == PLATFORMS[0].arch {
+                    "lookout".to_owned()
+                } else {
+                    format!("lookout-{arch}")
+                };
                 bail!(
-                    "the image is not reproducible: {} then {} (compare {} and {})",
-                    built.digest,
-                    again.digest,
-                    built.archive.display(),
-                    again.archive.display()
+                    "the image is not reproducible: linux/{arch}'s manifest was {} then {digest} \
+                     (compare target/image/{name}.stripped with \
+                     target/image/build-check/{name}.stripped, e.g. with diffoscope)",
+                    first.unwrap_or("missing"),
                 );
             }
             say(
                 "image",
                 &format!(
-                    "reproducible: a second build from scratch gave {}",
-                    again.digest
+                    "reproducible: a second linux/{arch} build from scratch gave its manifest {digest}"
                 ),
             );
-        } else {
-            let again = build_platforms(opts, "build-check", &PLATFORMS[..1])?;
-            anyhow::ensure!(!again.manifests.is_empty(), "the check built no platform");
-            for (arch, digest) in &again.manifests {
-                let first = built
-                    .manifests
-                    .iter()
-                    .find(|(a, _)| a == arch)
-                    .map(|(_, d)| d.as_str());
-                if first != Some(digest.as_str()) {
-                    bail!(
-                        "the image is not reproducible: linux/{arch}'s manifest was {} then {digest} \
-                         (compare target/image/lookout.stripped with \
-                         target/image/build-check/lookout.stripped, e.g. with diffoscope)",
-                        first.unwrap_or("missing"),
-                    );
-                }
-                say(
-                    "image",
-                    &format!(
-                        "reproducible: a second linux/{arch} build from scratch gave its manifest \
-                         {digest} (--every-platform rebuilds arm64 too)"
-                    ),
-                );
-            }
+        }
+        // Every platform rebuilt: the index (the image's identity) too.
+        if opts.every_platform && again.digest != built.digest {
+            bail!(
+                "the image is not reproducible: the index was {} then {} (compare {} and {})",
+                built.digest,
+                again.digest,
+                built.archive.display(),
+                again.archive.display()
+            );
         }
     }
     Ok(())
