@@ -196,9 +196,9 @@ async fn work<S>(
             return;
         };
         let (daemons, mut out, metrics) = (Arc::clone(&daemons), out.clone(), Arc::clone(&metrics));
-        // The lookup and the emit both on a blocking thread: the emit may
-        // wait for a slow reader of stdout (up to --event-deadline), which
-        // must not stall the side runtime's one worker.
+        // The lookup (a blocking call to the daemon) and the emit (the
+        // merger's and the hub's mutexes) on a blocking thread, never on
+        // the side runtime's one worker.
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let outcome = look_up(&daemons, &id);

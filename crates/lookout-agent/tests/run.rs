@@ -1025,6 +1025,114 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     let _ = child.0.wait();
 }
 
+/// A consumer of stdout has a container's `added` line before the
+/// container runs its first instruction: with stdout full (a reader that
+/// is slow, not gone: the deadline is long), `start` is held until the
+/// reader takes the lines, and only then does the container run.
+#[test]
+fn a_start_waits_until_its_added_line_is_on_stdout() {
+    if !ready("start_waits_stdout") || !require_program("start_waits_stdout", "gcc") {
+        return;
+    }
+    use std::io::Write;
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = dir.path().join("bundle");
+    bundle::busybox(&b, &["/stamp", "/stamp.out"], |_| {});
+    let stamp = bundle::monotonic_stamp(dir.path());
+    lookout_testsupport::install_executable(&stamp, &b.join("rootfs/stamp")).expect("copy stamp");
+    let (read_end, write_end) = small_pipe();
+    // The pipe full before the agent writes anything: its first line waits.
+    let mut junk = std::fs::File::from(write_end.try_clone().expect("dup"));
+    let mut fill = [0u8; 4096];
+    fill.fill(b'#');
+    fill[4095] = b'\n';
+    junk.write_all(&fill).expect("fill the pipe");
+    drop(junk);
+    let stderr = dir.path().join("stderr");
+    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args([
+            "run",
+            "--no-socket",
+            "--output",
+            "json",
+            "--event-deadline",
+            "60s",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(Runtime::agent_args(Some(&rt)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(std::fs::File::create(&stderr).expect("stderr"))
+        .spawn()
+        .expect("spawn");
+    let mut child = KillOnDrop(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&stderr)
+        .unwrap_or_default()
+        .contains("lookout_agent::run: ready")
+    {
+        assert!(Instant::now() < deadline, "agent not ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let id = id("start-waits-stdout");
+    let bs = b.to_str().expect("utf-8");
+    // `create` does not wait for stdout: its line is written later.
+    rt.ok(&["create", "--bundle", bs, &id]);
+    let start = {
+        let (path, id) = (rt.path.clone(), id.clone());
+        std::thread::spawn(move || {
+            Command::new(path)
+                .args(["start", &id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("runc start")
+        })
+    };
+    // Nobody reads yet: the start stays held. (A window, not a wait for a
+    // condition: the start, held, would wait the whole 60 s deadline.)
+    let window = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < window {
+        assert!(
+            !start.is_finished() && !b.join("rootfs/stamp.out").exists(),
+            "the container started while its added line was still unwritten"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reading_from = lookout_model::monotonic_ns();
+    let mut reader = std::io::BufReader::new(std::fs::File::from(read_end));
+    let mut line = String::new();
+    let added = loop {
+        line.clear();
+        let n = reader.read_line(&mut line).expect("read stdout");
+        assert!(n > 0, "stdout closed before the added line");
+        if let Ok(v) = serde_json::from_str::<Value>(&line)
+            && v["event"] == "added"
+            && v["container"]["id"] == id.as_str()
+        {
+            break v;
+        }
+    };
+    assert!(
+        start.join().expect("start thread").success(),
+        "runc start failed"
+    );
+    let first_instruction = read_stamp(&b.join("rootfs/stamp.out"));
+    rt.cleanup(&id);
+    assert_eq!(added["container"]["status"], "created");
+    assert!(
+        first_instruction > reading_from,
+        "the container ran at {first_instruction}, before its added line could be read ({reading_from})"
+    );
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(!log.contains("stdout is not being read"), "{log}");
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+}
+
 #[test]
 fn health_readiness_and_metrics_endpoints() {
     if !ready("endpoints") {

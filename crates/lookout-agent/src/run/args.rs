@@ -95,8 +95,9 @@ pub struct RunArgs {
     /// Where to serve /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:9477")]
     pub(crate) listen: std::net::SocketAddr,
-    /// How long a runtime exec may wait for its event to be written to
-    /// stdout (a consumer that stops reading must not freeze the node).
+    /// How long a container's `start` may wait for its `added` line to be
+    /// written to stdout (a consumer that stops reading must not freeze
+    /// the node).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub(crate) event_deadline: Duration,
     /// Rescan interval of the scan mode.

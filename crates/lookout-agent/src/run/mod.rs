@@ -173,7 +173,8 @@ async fn run_async(
         hook: std::sync::OnceLock::new(),
     });
     crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
-    let stdout = StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
+    let (stdout, stdout_barrier) =
+        StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
     let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
     let report = lookout_probe::probe(
         &ProbeOptions::new()
@@ -284,9 +285,16 @@ async fn run_async(
     if hooks_wanted {
         barriers.push(std::sync::Arc::new(hooks_barrier));
     }
+    // A reader of stdout has the container's `added` line before it runs.
+    barriers.push(std::sync::Arc::new(stdout_barrier));
     let barrier: std::sync::Arc<dyn StartBarrier> = std::sync::Arc::new(Barriers(barriers));
-    // A start waits for prestart hooks and gates, then its state read.
-    let start_cap = args.hook_timeout.max(args.gate_max_deadline) + Duration::from_secs(1);
+    // A start waits for prestart hooks, gates and stdout, each within its
+    // own deadline.
+    let start_cap = args
+        .hook_timeout
+        .max(args.gate_max_deadline)
+        .max(args.event_deadline)
+        + Duration::from_secs(1);
 
     clock.lap("setup");
     let nri = start_nri(&args).await?;

@@ -3,6 +3,7 @@
 //! runtime up.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,45 +13,82 @@ use lookout_model::{ContainerEvent, EventKind};
 use super::args::Output;
 
 /// Hands each event to a writer thread that writes it to stdout and
-/// flushes, and waits (up to `deadline`) until it is written: a reader has
-/// the event before the runtime exec that caused it is allowed. A consumer
-/// that stops reading stdout must not freeze the node's runtimes, so after
-/// the deadline the hook goes on (the line is still written later, in
-/// order); while earlier lines are still unwritten, later events do not
-/// wait at all, so a stall costs the runtimes one deadline, not one per
-/// event. When even the bounded queue is full, events are dropped and
-/// counted.
+/// flushes, in order, and never waits itself: the thread that emits (the
+/// runtime hook's task, the NRI plugin's) goes on at once.
+///
+/// A reader must have a container's `added` line before the container runs
+/// its first instruction: that is [`StdoutBarrier`]'s part, which holds the
+/// runtime's `start` (up to `deadline`) until every line queued so far is
+/// written. A consumer that stops reading stdout must not freeze the node's
+/// runtimes, so after the deadline the start goes on (the line is still
+/// written later, in order); from then until the writer has caught up,
+/// starts do not wait at all, so a stall costs the runtimes one deadline,
+/// not one per container. When even the bounded queue is full, events are
+/// dropped and counted.
 ///
 /// N.B. not a non-blocking write on the emitting thread (which would save
-/// two thread wake-ups per event): every write to a pipe takes the pipe's
+/// the writer's wake-up per event): every write to a pipe takes the pipe's
 /// lock, and a reader that splices from it (Go's `io.Copy` from a pipe to
 /// a socket does) holds that lock for as long as its destination blocks.
 /// `pwritev2(RWF_NOWAIT)` fails fast on a full pipe, not on that lock.
+///
+/// N.B. the emitting thread used to wait for each line to be written: for
+/// an exit's `removed`, which no exec waits on, that was a sleep and a
+/// wake-up of the hook's task for nothing, and for a stalled consumer it
+/// held every other container's exec on that thread for the deadline.
 pub(crate) struct StdoutSink {
     output: Output,
     metrics: std::sync::Arc<crate::serve::Metrics>,
-    unwritten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    queue: std::sync::mpsc::SyncSender<(String, std::sync::mpsc::SyncSender<()>)>,
-    deadline: Duration,
+    progress: std::sync::Arc<Progress>,
+    queue: std::sync::mpsc::SyncSender<String>,
     late: u64,
     dropped: u64,
 }
 
+/// How far the writer is, shared by the sink, its writer and its barrier.
+struct Progress {
+    /// Lines handed to the writer.
+    queued: AtomicU64,
+    /// Lines the writer is done with (written, or lost to a closed
+    /// stdout), for the barrier to wait on.
+    written: tokio::sync::watch::Sender<u64>,
+    /// A start's wait ran out and the writer has not caught up since: no
+    /// start waits.
+    stalled: AtomicBool,
+}
+
+impl Progress {
+    /// Whether every queued line is written; clears `stalled` if so.
+    fn caught_up(&self) -> bool {
+        let done = *self.written.borrow() >= self.queued.load(Ordering::Acquire);
+        if done {
+            self.stalled.store(false, Ordering::Release);
+        }
+        done
+    }
+}
+
 impl StdoutSink {
+    /// Starts the writer thread; returns the sink and the barrier that
+    /// holds a start until the lines before it are written (at most
+    /// `deadline`).
     pub(crate) fn new(
         output: Output,
         deadline: Duration,
         metrics: std::sync::Arc<crate::serve::Metrics>,
-    ) -> anyhow::Result<StdoutSink> {
-        let (queue, rx) =
-            std::sync::mpsc::sync_channel::<(String, std::sync::mpsc::SyncSender<()>)>(4096);
-        let unwritten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counter = std::sync::Arc::clone(&unwritten);
+    ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
+        let (queue, rx) = std::sync::mpsc::sync_channel::<String>(4096);
+        let progress = std::sync::Arc::new(Progress {
+            queued: AtomicU64::new(0),
+            written: tokio::sync::watch::Sender::new(0),
+            stalled: AtomicBool::new(false),
+        });
+        let writer = std::sync::Arc::clone(&progress);
         std::thread::Builder::new()
             .name("lookout-stdout".into())
             .spawn(move || {
                 let out = std::io::stdout();
-                for (line, ack) in rx {
+                for line in rx {
                     let mut lock = out.lock();
                     if writeln!(lock, "{line}")
                         .and_then(|()| lock.flush())
@@ -59,20 +97,27 @@ impl StdoutSink {
                         // N.B. a closed stdout must not stop discovery.
                         tracing::debug!("stdout closed; event dropped");
                     }
-                    counter.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                    let _ = ack.try_send(());
+                    // Wakes a waiting start, if any; nothing otherwise.
+                    writer.written.send_modify(|n| *n += 1);
                 }
             })
             .context("starting the stdout writer thread")?;
-        Ok(StdoutSink {
-            output,
-            metrics,
-            unwritten,
-            queue,
+        let barrier = StdoutBarrier {
+            progress: std::sync::Arc::clone(&progress),
             deadline,
-            late: 0,
-            dropped: 0,
-        })
+            metrics: std::sync::Arc::clone(&metrics),
+        };
+        Ok((
+            StdoutSink {
+                output,
+                metrics,
+                progress,
+                queue,
+                late: 0,
+                dropped: 0,
+            },
+            barrier,
+        ))
     }
 }
 
@@ -86,32 +131,17 @@ impl Sink for StdoutSink {
             Output::Text => text_line(&event),
             Output::None => return,
         };
-        let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
-        let behind = self
-            .unwritten
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
-            > 0;
-        match self.queue.try_send((line, ack_tx)) {
-            // The writer is still stuck on earlier lines: do not make the
-            // runtime wait again.
-            Ok(()) if behind => {
-                self.late += 1;
-                self.metrics.stdout_late();
-            }
+        let stalled = self.progress.stalled.load(Ordering::Acquire) && !self.progress.caught_up();
+        match self.queue.try_send(line) {
             Ok(()) => {
-                if ack_rx.recv_timeout(self.deadline).is_err() {
+                self.progress.queued.fetch_add(1, Ordering::AcqRel);
+                // Behind a consumer that stopped reading: this line is late.
+                if stalled {
                     self.late += 1;
                     self.metrics.stdout_late();
-                    tracing::warn!(
-                        late = self.late,
-                        id = event.container.id,
-                        "stdout is not being read: event queued, the runtime is not kept waiting"
-                    );
                 }
             }
             Err(_) => {
-                self.unwritten
-                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 self.dropped += 1;
                 self.metrics.stdout_dropped();
                 tracing::error!(
@@ -121,6 +151,43 @@ impl Sink for StdoutSink {
                 );
             }
         }
+    }
+}
+
+/// Holds a container's `start` until stdout's reader has every line queued
+/// before it (its `added` line among them), for at most the deadline; not
+/// at all once a wait ran out, until the writer catches up.
+pub(crate) struct StdoutBarrier {
+    progress: std::sync::Arc<Progress>,
+    deadline: Duration,
+    metrics: std::sync::Arc<crate::serve::Metrics>,
+}
+
+impl lookout_model::StartBarrier for StdoutBarrier {
+    fn wait(&self, id: &str) -> Option<lookout_model::StartWait> {
+        let target = self.progress.queued.load(Ordering::Acquire);
+        if self.progress.caught_up() || self.progress.stalled.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut written = self.progress.written.subscribe();
+        let (progress, deadline, metrics, id) = (
+            std::sync::Arc::clone(&self.progress),
+            self.deadline,
+            std::sync::Arc::clone(&self.metrics),
+            id.to_owned(),
+        );
+        Some(Box::pin(async move {
+            let wait = written.wait_for(|n| *n >= target);
+            if tokio::time::timeout(deadline, wait).await.is_err() {
+                progress.stalled.store(true, Ordering::Release);
+                metrics.stdout_late();
+                tracing::warn!(
+                    id,
+                    "stdout is not being read: event queued, the runtime is not kept waiting"
+                );
+            }
+            lookout_model::StartDecision::Proceed
+        }))
     }
 }
 
