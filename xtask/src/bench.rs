@@ -391,6 +391,67 @@ fn status_field(status: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Every thread of `pid` now: (tid, name, voluntary, involuntary context
+/// switches). A thread that exits between two samples takes its count
+/// with it; one born between them counts from 0.
+fn thread_switches(pid: u32) -> Vec<(u32, String, u64, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let name = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Name:"))
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            Some((
+                tid,
+                name,
+                status_field(&status, "voluntary_ctxt_switches:"),
+                status_field(&status, "nonvoluntary_ctxt_switches:"),
+            ))
+        })
+        .collect()
+}
+
+/// The context switches between two [`thread_switches`] samples, per
+/// `per` (containers): voluntary (a thread that waits: one per hand-off
+/// it waits for), involuntary (a thread preempted), and the voluntary
+/// ones by thread name.
+fn switches_between(
+    before: &[(u32, String, u64, u64)],
+    after: &[(u32, String, u64, u64)],
+    per: usize,
+) -> Value {
+    let per = per.max(1) as f64;
+    let (mut voluntary, mut involuntary) = (0u64, 0u64);
+    let mut by_thread = std::collections::BTreeMap::<String, u64>::new();
+    for (tid, name, v, n) in after {
+        let (v0, n0) = before
+            .iter()
+            .find(|b| b.0 == *tid)
+            .map_or((0, 0), |b| (b.2, b.3));
+        let dv = v.saturating_sub(v0);
+        voluntary += dv;
+        involuntary += n.saturating_sub(n0);
+        *by_thread.entry(name.clone()).or_default() += dv;
+    }
+    json!({
+        "voluntary_per_container": voluntary as f64 / per,
+        "involuntary_per_container": involuntary as f64 / per,
+        "voluntary_per_container_by_thread": by_thread
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| (k, json!(v as f64 / per)))
+            .collect::<serde_json::Map<_, _>>(),
+    })
+}
+
 /// The agent's resident memory split (`RssAnon`, `RssFile` in kB): its
 /// heap and stacks, against the pages of its binary and libraries that it
 /// touched (clean, shared with the page cache, reclaimable).
@@ -1354,6 +1415,30 @@ mod tests {
             assert!(err.contains(name), "{err}");
             assert!(msg.as_deref().is_some_and(|m| m.contains(name)), "{msg:?}");
         }
+    }
+
+    #[test]
+    fn switches_are_counted_per_container_by_thread_and_a_new_thread_from_zero() {
+        let before = vec![
+            (1, "lookout".to_owned(), 10, 4),
+            (2, "lookout-answer".to_owned(), 7, 0),
+        ];
+        let after = vec![
+            (1, "lookout".to_owned(), 30, 6),
+            (2, "lookout-answer".to_owned(), 17, 2),
+            // Born between the samples; a thread that exited is gone.
+            (3, "lookout-config".to_owned(), 10, 0),
+        ];
+        let v = switches_between(&before, &after, 10);
+        assert_eq!(v["voluntary_per_container"], json!(4.0));
+        assert_eq!(v["involuntary_per_container"], json!(0.4));
+        assert_eq!(
+            v["voluntary_per_container_by_thread"],
+            json!({"lookout": 2.0, "lookout-answer": 1.0, "lookout-config": 1.0})
+        );
+        // This process's own threads can be read.
+        let me = thread_switches(std::process::id());
+        assert!(me.iter().any(|t| t.0 == std::process::id()), "{me:?}");
     }
 
     #[test]

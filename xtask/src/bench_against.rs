@@ -199,6 +199,34 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "voluntary context switches per container, no consumer",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "watchers",
+                    "without",
+                    "context_switches",
+                    "voluntary_per_container",
+                ],
+            )
+        },
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "watchers",
+                    "floor",
+                    "context_switches",
+                    "voluntary_per_container",
+                ],
+            )
+        }),
+    },
+    Row {
         name: "agent CPU per container, churn (ms)",
         goal: Goal::AtMost(0.2),
         // The CPU clock (ns); an older report has the clock ticks only.
@@ -378,6 +406,10 @@ mod tests {
             "memory_heavy_annotations": {"containers": 200, "annotation_bytes_each": 65536,
                 "rss_all_tracked_kb": 30000},
             "exec_us": {"overhead_lookout_p50_us": 12.0, "overhead_floor_p50_us": 9.0},
+            "consumers": {"watchers": {
+                "without": {"context_switches": {"voluntary_per_container": 14.5}},
+                "floor": {"context_switches": {"voluntary_per_container": 5.0}},
+            }},
         });
         let rows = compare(&report, &json!({}));
         let by = |name: &str| {
@@ -421,6 +453,10 @@ mod tests {
                 .is_some_and(|r| r.iter().all(|r| r["ratio"].is_null()))
         );
         assert!(by("added per watcher and event (us)")["this"].is_null());
+        let switches = by("voluntary context switches per container, no consumer");
+        assert_eq!(switches["this"], json!(14.5));
+        assert_eq!(switches["floor"], json!(5.0));
+        assert!(switches["goal_at_most"].is_null());
     }
 
     #[test]

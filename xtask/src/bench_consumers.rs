@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::{
     Agent, Floor, PeakRss, busybox_bundle, cpu_clock_s, drop_page_cache, in_path, now_ns, pct,
-    proc_sample, runtime, shuffle, stats,
+    proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
 };
 use crate::util::{cargo, exec, say, workspace_root};
 
@@ -493,6 +493,11 @@ fn watchers(
         .collect();
     let cpu0: Vec<(f64, f64)> = agents.iter().map(Watched::cpu).collect();
     let floor0 = floor.cpu_s();
+    let switches0: Vec<_> = agents
+        .iter()
+        .map(|a| thread_switches(a.agent.pid()))
+        .collect();
+    let floor_switches0 = thread_switches(floor.child.id());
     // Events are counted off stdout, all of them: the CPU time covers any
     // other container's too (the root tests' containers are visible to
     // every agent through the shared /run/runc).
@@ -529,6 +534,16 @@ fn watchers(
     }
     let churn_s = t.elapsed().as_secs_f64();
     let floor_cpu = floor.cpu_s() - floor0;
+    let floor_switches = switches_between(
+        &floor_switches0,
+        &thread_switches(floor.child.id()),
+        churn.saturating_sub(floor_failed),
+    );
+    let switches: Vec<Value> = agents
+        .iter()
+        .zip(&switches0)
+        .map(|(a, s0)| switches_between(s0, &thread_switches(a.agent.pid()), churn))
+        .collect();
     drop(floor);
     // Every container reported added and removed by its agent, and every
     // change read by every watcher.
@@ -579,6 +594,9 @@ fn watchers(
             "cpu_per_event_us": cpu * 1e6 / events.max(1) as f64,
             "cpu_clock_s": clock,
             "cpu_clock_per_event_us": clock * 1e6 / events.max(1) as f64,
+            // Each container one create, start and delete after the
+            // other: a thread hand-off each, and nothing to batch.
+            "context_switches": switches[k],
             "rss_before_kb": rss_before[k],
             "rss_end_kb": rss_end[k],
             // The sampler runs every 50 ms and may miss the last growth.
@@ -605,6 +623,7 @@ fn watchers(
             "cpu_clock_s": floor_cpu,
             "cpu_clock_per_container_event_us":
                 floor_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed).max(1)) as f64,
+            "context_switches": floor_switches,
         },
         "watcher_changes_read": changes.load(Ordering::Relaxed),
         "watcher_changes_expected": expected_changes,
@@ -713,4 +732,23 @@ pub fn print(v: &Value) {
         "floor: the allow-all responder alone on the same containers: {:.0} us per container event (CPU clock)",
         g(&w["floor"], "cpu_clock_per_container_event_us"),
     );
+    let sw = |x: &Value| {
+        let c = &x["context_switches"];
+        let threads: Vec<String> = c["voluntary_per_container_by_thread"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k} {:.1}", v.as_f64().unwrap_or(f64::NAN)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        format!(
+            "{:.1} voluntary ({}), {:.1} involuntary",
+            g(c, "voluntary_per_container"),
+            threads.join(", "),
+            g(c, "involuntary_per_container")
+        )
+    };
+    println!("context switches per container, no watcher: {}", sw(b));
+    println!("context switches per container, floor: {}", sw(&w["floor"]));
 }
