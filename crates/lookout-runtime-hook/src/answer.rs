@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -44,7 +44,8 @@ pub(crate) enum Exec {
     /// reads it from /proc once the new image runs.
     Unseen(Unseen),
     /// An allowed `delete`, for the task to note (a sandboxed container's
-    /// end; see the hook's `Notice::Deleted`).
+    /// end; see the hook's `Notice::Deleted`). Sent only while some
+    /// tracked containers share an init (`Lifecycle::shared_pids`).
     Deleted(Box<Invocation>),
 }
 
@@ -136,12 +137,15 @@ pub(crate) struct Answerer {
 }
 
 impl Answerer {
-    /// Starts the thread on `group` (a non-blocking handle).
+    /// Starts the thread on `group` (a non-blocking handle). `shared`:
+    /// how many init pids tracked containers share (`delete`s are handed
+    /// over only while that is not 0).
     pub fn spawn(
         group: Fanotify,
         ring: Option<ArgvRing>,
         counters: Arc<Counters>,
         marked: Arc<Marked>,
+        shared: Arc<AtomicUsize>,
         tx: mpsc::Sender<Exec>,
     ) -> std::io::Result<Answerer> {
         let stop = Arc::new(EventFd::from_flags(
@@ -156,6 +160,7 @@ impl Answerer {
                     ring,
                     counters,
                     marked,
+                    shared,
                     tx,
                 };
                 worker.run(&thread_stop);
@@ -188,6 +193,7 @@ struct Worker {
     ring: Option<ArgvRing>,
     counters: Arc<Counters>,
     marked: Arc<Marked>,
+    shared: Arc<AtomicUsize>,
     tx: mpsc::Sender<Exec>,
 }
 
@@ -307,8 +313,12 @@ impl Worker {
             }
             Ok(inv) => {
                 self.counters.answer(perm, since);
-                // Never waits: a full queue loses only this note.
-                if matches!(inv.command, Command::Delete { .. }) {
+                // Never waits: a full queue loses only this note. Only a
+                // container that shares its init is ended by its delete:
+                // with none, the hook's task is not woken for nothing.
+                if matches!(inv.command, Command::Delete { .. })
+                    && self.shared.load(Ordering::Acquire) > 0
+                {
                     let _ = self.tx.try_send(Exec::Deleted(Box::new(inv)));
                 }
             }

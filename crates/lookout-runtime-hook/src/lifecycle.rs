@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
@@ -158,6 +159,10 @@ pub(crate) struct Lifecycle<P> {
     /// Reported, with a live init: the record its `added` carried (one
     /// allocation, shared with the event and whoever keeps it).
     tracked: HashMap<String, Arc<Container>>,
+    /// How many tracked containers have each init pid.
+    pids: HashMap<u32, u32>,
+    /// How many pids more than one tracked container has ([`Lifecycle::shared_pids`]).
+    shared: Arc<AtomicUsize>,
 }
 
 impl<P> Default for Lifecycle<P> {
@@ -166,6 +171,8 @@ impl<P> Default for Lifecycle<P> {
             pending: HashMap::new(),
             resolving: HashMap::new(),
             tracked: HashMap::new(),
+            pids: HashMap::new(),
+            shared: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -187,6 +194,51 @@ impl<P> Lifecycle<P> {
     /// Whether `id` is tracked and runs in a sandbox (its `delete` matters).
     pub fn is_sandboxed(&self, id: &str) -> bool {
         self.tracked.get(id).is_some_and(|c| c.sandbox.is_some())
+    }
+
+    /// How many init pids more than one tracked container shares, kept
+    /// current by every step. Only such a container (in a sandbox it
+    /// shares, as runsc's pods) is ended by its `delete`
+    /// ([`Input::Deleted`]): while this is 0, a `delete` teaches nothing,
+    /// and the answering thread need not wake the hook's task for it.
+    pub fn shared_pids(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Counts one more tracked container on `pid`.
+    fn hold_pid(&mut self, pid: Option<u32>) {
+        if let Some(pid) = pid {
+            let n = self.pids.entry(pid).or_default();
+            *n += 1;
+            if *n == 2 {
+                self.shared.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// Counts one tracked container fewer on `pid`.
+    fn release_pid(&mut self, pid: Option<u32>) {
+        let Some(pid) = pid else { return };
+        let Some(n) = self.pids.get_mut(&pid) else {
+            return;
+        };
+        *n -= 1;
+        match *n {
+            0 => {
+                self.pids.remove(&pid);
+            }
+            1 => {
+                self.shared.fetch_sub(1, Ordering::Release);
+            }
+            _ => {}
+        }
+    }
+
+    /// Stops tracking `id`; returns its record.
+    fn untrack(&mut self, id: &str) -> Option<Arc<Container>> {
+        let c = self.tracked.remove(id)?;
+        self.release_pid(c.pid);
+        Some(c)
     }
 
     /// How many containers are pending, resolving and tracked.
@@ -279,7 +331,7 @@ impl<P> Lifecycle<P> {
             }
             Input::Exited { id, pid, code } => {
                 if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
-                    && let Some(c) = self.tracked.remove(&id)
+                    && let Some(c) = self.untrack(&id)
                 {
                     out.push(Effect::Emit(ContainerEvent::removed(
                         Source::RuntimeHook,
@@ -298,7 +350,7 @@ impl<P> Lifecycle<P> {
                         && c.pid.is_some()
                         && self.tracked.values().any(|o| o.id != id && o.pid == c.pid)
                 });
-                if shares && let Some(c) = self.tracked.remove(&id) {
+                if shares && let Some(c) = self.untrack(&id) {
                     out.push(Effect::Emit(ContainerEvent::removed(
                         Source::RuntimeHook,
                         c,
@@ -343,7 +395,10 @@ impl<P> Lifecycle<P> {
             pid,
         });
         let c = Arc::new(c);
-        self.tracked.insert(c.id.clone(), Arc::clone(&c));
+        self.hold_pid(c.pid);
+        if let Some(old) = self.tracked.insert(c.id.clone(), Arc::clone(&c)) {
+            self.release_pid(old.pid);
+        }
         out.push(Effect::Emit(ContainerEvent::added(source, c)));
     }
 
@@ -664,16 +719,33 @@ mod tests {
         sandbox.sandbox = Some("gvisor".into());
         let mut app = container("app", 5);
         app.sandbox = Some("gvisor".into());
+        let shared = l.shared_pids();
+        let shared = || shared.load(std::sync::atomic::Ordering::Acquire);
         l.step(Input::Found(vec![sandbox, app]));
         assert!(l.is_sandboxed("app"));
+        assert_eq!(shared(), 1, "two containers on pid 5: a delete matters");
         let e = l.step(Input::Deleted { id: "app".into() });
         assert_eq!(trace(&e), ["removed:app"]);
+        assert_eq!(shared(), 0);
         // The last one in the sandbox ends with its init's exit instead.
         assert!(l.step(Input::Deleted { id: "pod".into() }).is_empty());
         // A container with its own init (runc) is never removed by delete.
         l.step(Input::Found(vec![container("own", 11)]));
         assert!(!l.is_sandboxed("own"));
         assert!(l.step(Input::Deleted { id: "own".into() }).is_empty());
+        assert_eq!(shared(), 0, "one container per pid: deletes teach nothing");
+        // A third container on pod's pid, then both end with its exit.
+        l.step(Input::Found(vec![container("side", 5)]));
+        assert_eq!(shared(), 1, "side joins pod on pid 5");
+        for id in ["pod", "side"] {
+            let e = l.step(Input::Exited {
+                id: id.into(),
+                pid: 5,
+                code: None,
+            });
+            assert_eq!(trace(&e), [format!("removed:{id}")]);
+        }
+        assert_eq!(shared(), 0);
     }
 
     #[test]

@@ -321,11 +321,13 @@ impl RuntimeHook {
         let marked = Arc::new(Marked::default());
         let (exec_tx, execs) = mpsc::channel(1024);
         let ring = capture.as_mut().and_then(ExecCapture::take_ring);
+        let lifecycle = Lifecycle::default();
         let answerer = Answerer::spawn(
             group.share(),
             ring,
             Arc::clone(&counters),
             Arc::clone(&marked),
+            lifecycle.shared_pids(),
             exec_tx,
         )
         .map_err(Error::Thread)?;
@@ -335,7 +337,7 @@ impl RuntimeHook {
             config,
             group,
             capture,
-            lifecycle: Lifecycle::default(),
+            lifecycle,
             notices_tx,
             notices_rx,
             counters,
