@@ -497,6 +497,10 @@ fn watchers(
         .iter()
         .map(|a| thread_switches(a.agent.pid()))
         .collect();
+    let written0: Vec<u64> = agents
+        .iter()
+        .map(|a| bytes_written(a.agent.pid()))
+        .collect();
     let floor_switches0 = thread_switches(floor.child.id());
     // Events are counted off stdout, all of them: the CPU time covers any
     // other container's too (the root tests' containers are visible to
@@ -566,6 +570,11 @@ fn watchers(
         std::thread::sleep(Duration::from_millis(100));
     };
     let cpu1: Vec<(f64, f64)> = agents.iter().map(Watched::cpu).collect();
+    let written: Vec<u64> = agents
+        .iter()
+        .zip(&written0)
+        .map(|(a, w0)| bytes_written(a.agent.pid()).saturating_sub(*w0))
+        .collect();
     let lines1: Vec<usize> = agents.iter().map(printed).collect();
     let rss_end: Vec<u64> = agents
         .iter()
@@ -604,6 +613,12 @@ fn watchers(
         }));
     }
     drop(agents);
+    // What the watched agent wrote beyond the other (the same lines on
+    // stdout): its HTTP/2 frames, per watcher and event.
+    let events0 = (lines1[0] - lines0[0]).max(1);
+    let frame_bytes = (written[0].saturating_sub(written[1]) as f64 / (events0 * WATCHERS) as f64)
+        .round() as usize;
+    let frame_floor = frame_floor(rt, WATCHERS, 2 * churn, frame_bytes.max(64))?;
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let added = g(&per[0], "cpu_per_event_us") - g(&per[1], "cpu_per_event_us");
     let added_clock = g(&per[0], "cpu_clock_per_event_us") - g(&per[1], "cpu_clock_per_event_us");
@@ -625,11 +640,98 @@ fn watchers(
                 floor_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed).max(1)) as f64,
             "context_switches": floor_switches,
         },
+        "bytes_per_watcher_event": frame_bytes,
+        "frame_floor": frame_floor,
         "watcher_changes_read": changes.load(Ordering::Relaxed),
         "watcher_changes_expected": expected_changes,
         "watcher_snapshots": snapshots.load(Ordering::Relaxed),
         "watchers_dropped": dropped,
     }))
+}
+
+/// The floor of "added per watcher and event": one write of a
+/// `frame_bytes` frame to each of `watchers` Unix sockets per event, each
+/// read by its own task on the benchmark's runtime (idle between events,
+/// as the watchers are between containers), from a thread that does
+/// nothing else. The agent cannot write less: each watcher has a stream
+/// of its own, and the kernel's work per write (the copy, waking the
+/// reader) is per socket. Returns that thread's CPU clock per watcher and
+/// event.
+fn frame_floor(
+    rt: &tokio::runtime::Runtime,
+    watchers: usize,
+    events: usize,
+    frame_bytes: usize,
+) -> anyhow::Result<Value> {
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+    say(
+        "bench",
+        &format!("frame floor: {events} events of {frame_bytes} bytes to {watchers} sockets"),
+    );
+    let read = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::with_capacity(watchers);
+    for _ in 0..watchers {
+        let (w, r) = std::os::unix::net::UnixStream::pair()?;
+        r.set_nonblocking(true)?;
+        let read = Arc::clone(&read);
+        rt.spawn(async move {
+            let Ok(mut r) = tokio::net::UnixStream::from_std(r) else {
+                return;
+            };
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n @ 1..) = r.read(&mut buf).await {
+                read.fetch_add(n as u64, Ordering::Release);
+            }
+        });
+        writers.push(w);
+    }
+    let frame = vec![0x5au8; frame_bytes];
+    let mut cpu_ns = 0u64;
+    for e in 1..=events {
+        let t0 = thread_cpu_ns();
+        for w in &mut writers {
+            w.write_all(&frame)?;
+        }
+        cpu_ns += thread_cpu_ns().saturating_sub(t0);
+        // Every reader has the event and is idle again before the next.
+        let want = (e * watchers * frame_bytes) as u64;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while read.load(Ordering::Acquire) < want {
+            if Instant::now() > deadline {
+                bail!("the frame floor's readers stopped reading at event {e}");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(json!({
+        "watchers": watchers,
+        "events": events,
+        "frame_bytes": frame_bytes,
+        "cpu_clock_per_watcher_event_us": cpu_ns as f64 / 1e3 / (events * watchers).max(1) as f64,
+    }))
+}
+
+/// This thread's CPU clock in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; the clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The bytes `pid` has written so far (`wchar` of /proc/PID/io: every
+/// write, to sockets and pipes too); 0 if unreadable.
+fn bytes_written(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Prints the consumers' table and lines.
@@ -749,6 +851,11 @@ pub fn print(v: &Value) {
             g(c, "involuntary_per_container")
         )
     };
+    println!(
+        "floor of a watcher: one {}-byte write per watcher and event to a socket of its own, its reader woken: {:.2} us per watcher and event (CPU clock)",
+        w["frame_floor"]["frame_bytes"],
+        g(&w["frame_floor"], "cpu_clock_per_watcher_event_us"),
+    );
     println!("context switches per container, no watcher: {}", sw(b));
     println!("context switches per container, floor: {}", sw(&w["floor"]));
 }
