@@ -530,6 +530,53 @@ fn runtime(bin: &Path, args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Microseconds from `from` to `to` (negative when `to` came first: two
+/// waiters on one exit wake in either order).
+fn lag_us(from: u64, to: u64) -> f64 {
+    (to as f64 - from as f64) / 1e3
+}
+
+/// A thread of its own waiting for process `pid` to end, as a listener
+/// for container exits does: the floor of the discovery lags.
+struct Observer(std::thread::JoinHandle<Option<u64>>);
+
+impl Observer {
+    /// Starts the thread and returns once it holds a pidfd for `pid` (so
+    /// that the exit cannot come first); on the exit it reads `then`, if
+    /// given, and notes the time. `None` if the pidfd cannot be had.
+    fn arm(pid: u32, then: Option<PathBuf>) -> Option<Observer> {
+        let (armed, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: pidfd_open takes integers; the fd is closed below.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+            let _ = armed.send(fd >= 0);
+            if fd < 0 {
+                return None;
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+            // SAFETY: our own fd.
+            unsafe { libc::close(fd) };
+            let read = then.is_none_or(|f| std::fs::read(f).is_ok_and(|b| !b.is_empty()));
+            (n == 1 && read).then(now_ns)
+        });
+        match rx.recv() {
+            Ok(true) => Some(Observer(thread)),
+            _ => None,
+        }
+    }
+
+    /// When it saw the exit (and read its file), if it did.
+    fn woke(self) -> Option<u64> {
+        self.0.join().ok().flatten()
+    }
+}
+
 fn wait_exit(pid: u32) -> Option<u64> {
     // SAFETY: pidfd_open takes integers; the fd is closed below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
@@ -998,21 +1045,41 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
     let mut created_at = HashMap::new();
     let mut exec_at = HashMap::new();
     let mut exited_at = HashMap::new();
+    // The floor of both lags: a thread that waits for the same exits and
+    // does the least the agent must (reads the state file after create).
+    let (mut floor_added, mut floor_removed) = (Vec::new(), Vec::new());
     for i in 0..opts.latency {
         let id = format!("bench-lat-{i}");
         let pidfile = work.join(format!("{id}.pid"));
         exec_at.insert(id.clone(), now_ns());
-        if !runc(&["create", "--bundle", bs, "--pid-file", utf8(&pidfile)?, &id]) {
+        let mut create = Command::new("runc")
+            .args(["create", "--bundle", bs, "--pid-file", utf8(&pidfile)?, &id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("runc create")?;
+        let state = PathBuf::from(format!("/run/runc/{id}/state.json"));
+        let observer = Observer::arm(create.id(), Some(state));
+        if !create.wait().is_ok_and(|s| s.success()) {
             bail!("runc create failed");
         }
-        created_at.insert(id.clone(), now_ns());
+        let created = now_ns();
+        created_at.insert(id.clone(), created);
         let cpid: u32 = std::fs::read_to_string(&pidfile)?
             .trim()
             .parse()
             .with_context(|| format!("pid in {}", pidfile.display()))?;
+        floor_added.extend(
+            observer
+                .and_then(Observer::woke)
+                .map(|t| lag_us(created, t)),
+        );
+        let observer = Observer::arm(cpid, None);
         runc(&["start", &id]);
         if let Some(t) = wait_exit(cpid) {
             exited_at.insert(id.clone(), t);
+            floor_removed.extend(observer.and_then(Observer::woke).map(|w| lag_us(t, w)));
         }
     }
     std::thread::sleep(Duration::from_millis(200));
@@ -1021,6 +1088,10 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
         "create_exec_to_added": stats(&lags(&exec_at, &ev, Kind::Added)),
         "create_exit_to_added": stats(&lags(&created_at, &ev, Kind::Added)),
         "exit_to_removed": stats(&lags(&exited_at, &ev, Kind::Removed)),
+        "floor": {
+            "create_exit_to_state_read": stats(&floor_added),
+            "exit_to_woken": stats(&floor_removed),
+        },
     });
     for id in created_at.keys() {
         runc(&["delete", "--force", id]);
@@ -1313,6 +1384,18 @@ fn print_agent(report: &Value) {
         ("container exit -> Removed (us)", "exit_to_removed"),
     ] {
         p50_p99(name, &d[key]);
+    }
+    for (name, key) in [
+        (
+            "floor: create exit -> another thread read the state (us)",
+            "create_exit_to_state_read",
+        ),
+        (
+            "floor: container exit -> another thread woke (us)",
+            "exit_to_woken",
+        ),
+    ] {
+        p50_p99(name, &d["floor"][key]);
     }
     println!(
         "| start-up to ready (ms) | {:.0} | {:.0} |",

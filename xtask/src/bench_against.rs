@@ -295,13 +295,18 @@ const ROWS: &[Row] = &[
         name: "create exit -> Added, p99 (us)",
         goal: Goal::AtMost(300.0),
         read: |r| at(r, &["discovery_us", "create_exit_to_added", "p99"]),
-        floor: None,
+        floor: Some(|r| {
+            at(
+                r,
+                &["discovery_us", "floor", "create_exit_to_state_read", "p99"],
+            )
+        }),
     },
     Row {
         name: "container exit -> Removed, p99 (us)",
         goal: Goal::AtMost(300.0),
         read: |r| at(r, &["discovery_us", "exit_to_removed", "p99"]),
-        floor: None,
+        floor: Some(|r| at(r, &["discovery_us", "floor", "exit_to_woken", "p99"])),
     },
     Row {
         name: "exec beyond the allow-all floor, p50 (us)",
