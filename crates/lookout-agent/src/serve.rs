@@ -190,7 +190,7 @@ impl Metrics {
             stdout_late: register(
                 r,
                 "stdout_late_events",
-                "Events not written to stdout within --event-deadline",
+                "Starts that went on before their added line was on stdout (--event-deadline ran out, or stdout was stuck)",
                 Counter::default(),
             ),
             stdout_dropped: register(

@@ -44,8 +44,9 @@ pub(crate) enum Exec {
     /// reads it from /proc once the new image runs.
     Unseen(Unseen),
     /// An allowed `delete`, for the task to note (a sandboxed container's
-    /// end; see the hook's `Notice::Deleted`). Sent only while some
-    /// tracked containers share an init (`Lifecycle::shared_pids`).
+    /// end; see the hook's `Notice::Deleted`). Sent for runsc, and for
+    /// other runtimes only while some tracked containers share an init
+    /// (`Lifecycle::shared_pids`).
     Deleted(Box<Invocation>),
 }
 
@@ -316,8 +317,12 @@ impl Worker {
                 // Never waits: a full queue loses only this note. Only a
                 // container that shares its init is ended by its delete:
                 // with none, the hook's task is not woken for nothing.
+                // runsc's are always handed over: its pods share an init,
+                // and one the task has not tracked yet (a scan or a pid
+                // read in flight) is not in the count.
                 if matches!(inv.command, Command::Delete { .. })
-                    && self.shared.load(Ordering::Acquire) > 0
+                    && (inv.runtime == lookout_model::RuntimeKind::Runsc
+                        || self.shared.load(Ordering::Acquire) > 0)
                 {
                     let _ = self.tx.try_send(Exec::Deleted(Box::new(inv)));
                 }

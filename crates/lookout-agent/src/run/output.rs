@@ -2,13 +2,15 @@
 //! by a thread of its own so that a reader who stops reading cannot hold a
 //! runtime up.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use lookout_model::Sink;
-use lookout_model::{ContainerEvent, EventKind};
+use lookout_model::{ContainerEvent, EventKind, Sink, StartBarrier, StartDecision, StartWait};
+use tokio::sync::oneshot;
 
 use super::args::Output;
 
@@ -18,13 +20,13 @@ use super::args::Output;
 ///
 /// A reader must have a container's `added` line before the container runs
 /// its first instruction: that is [`StdoutBarrier`]'s part, which holds the
-/// runtime's `start` (up to `deadline`) until every line queued so far is
-/// written. A consumer that stops reading stdout must not freeze the node's
-/// runtimes, so after the deadline the start goes on (the line is still
-/// written later, in order); from then until the writer has caught up,
-/// starts do not wait at all, so a stall costs the runtimes one deadline,
-/// not one per container. When even the bounded queue is full, events are
-/// dropped and counted.
+/// runtime's `start` (up to `deadline`) until that line, and so every line
+/// before it, is written. A consumer that stops reading stdout must not
+/// freeze the node's runtimes, so after the deadline the start goes on
+/// (the line is still written later, in order); while the writer stays
+/// stuck on that line, starts do not wait at all, so a stall costs the
+/// runtimes one deadline, not one per container. When even the bounded
+/// queue is full, events are dropped and counted.
 ///
 /// N.B. not a non-blocking write on the emitting thread (which would save
 /// the writer's wake-up per event): every write to a pipe takes the pipe's
@@ -44,12 +46,9 @@ use super::args::Output;
 /// 14 MB of lines), and encoding is off the emitting thread.
 pub(crate) struct StdoutSink {
     output: Output,
-    metrics: std::sync::Arc<crate::serve::Metrics>,
-    progress: std::sync::Arc<Progress>,
+    metrics: Arc<crate::serve::Metrics>,
+    progress: Arc<Progress>,
     queue: std::sync::mpsc::SyncSender<ContainerEvent>,
-    /// A writer on one line this long is stalled, start or no start.
-    deadline: Duration,
-    late: u64,
     dropped: u64,
 }
 
@@ -57,73 +56,120 @@ pub(crate) struct StdoutSink {
 /// `run`, a scan's containers), the written ones are forgotten.
 const MAX_REMEMBERED_ADDED: usize = 1024;
 
+/// Not stuck ([`Progress::stuck_at`]).
+const NOT_STUCK: u64 = u64::MAX;
+
 /// How far the writer is, shared by the sink, its writer and its barrier.
 struct Progress {
-    /// Lines handed to the writer.
+    /// Lines handed to the writer (one emitter at a time).
     queued: AtomicU64,
-    /// Lines the writer is done with (written, or lost to a closed
-    /// stdout), for the barrier to wait on.
-    written: tokio::sync::watch::Sender<u64>,
-    /// A start's wait ran out and the writer has not caught up since: no
-    /// start waits.
-    stalled: AtomicBool,
-    /// The line number of each container's `added` line, until its start
-    /// asks for it.
-    added: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Lines the writer is done with (written, or lost to a closed stdout).
+    written: AtomicU64,
     /// When (`CLOCK_MONOTONIC` ns) the writer took its latest line.
     taken_at: AtomicU64,
     /// When a line was queued with none waiting before it.
     pending_since: AtomicU64,
+    /// `written` when the writer was found on one line for longer than
+    /// the deadline ([`NOT_STUCK`] when it was not): stuck until `written`
+    /// moves past it. Starts do not wait meanwhile.
+    stuck_at: AtomicU64,
+    /// How long one line may take before the writer counts as stuck.
+    deadline: Duration,
+    /// Container id -> its `added` line's number, until its start asks.
+    added: Mutex<HashMap<String, u64>>,
+    /// Starts waiting for a line number, woken (each once) when the
+    /// writer is done with it.
+    waiters: Mutex<BTreeMap<u64, Vec<oneshot::Sender<()>>>>,
 }
 
 impl Progress {
+    fn new(deadline: Duration) -> Progress {
+        Progress {
+            queued: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            taken_at: AtomicU64::new(0),
+            pending_since: AtomicU64::new(0),
+            stuck_at: AtomicU64::new(NOT_STUCK),
+            deadline,
+            added: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     /// Notes that container `id`'s `added` event is line `line`.
     fn remember_added(&self, id: String, line: u64) {
         let Ok(mut added) = self.added.lock() else {
             return;
         };
         if added.len() >= MAX_REMEMBERED_ADDED {
-            let written = *self.written.borrow();
+            let written = self.written.load(Ordering::Acquire);
             added.retain(|_, l| *l > written);
         }
         added.insert(id, line);
     }
 
-    /// Marks the writer stalled; true if it was not already (say so once
-    /// per stall).
-    fn stall(&self) -> bool {
-        !self.stalled.swap(true, Ordering::AcqRel)
+    /// The writer is done with one more line: wake the starts waiting for
+    /// it.
+    fn line_done(&self) {
+        let written = self.written.fetch_add(1, Ordering::AcqRel) + 1;
+        let Ok(mut waiters) = self.waiters.lock() else {
+            return;
+        };
+        // Lines are numbered from 1; those up to `written` are done.
+        let later = waiters.split_off(&(written + 1));
+        for tx in std::mem::replace(&mut *waiters, later)
+            .into_values()
+            .flatten()
+        {
+            let _ = tx.send(());
+        }
     }
 
-    /// Whether every queued line is written; clears `stalled` if so.
-    fn caught_up(&self) -> bool {
-        let done = *self.written.borrow() >= self.queued.load(Ordering::Acquire);
-        if done {
-            self.stalled.store(false, Ordering::Release);
+    /// Whether the writer is on one line for longer than the deadline now
+    /// (`now` in `CLOCK_MONOTONIC` ns); if so, and it was not already
+    /// known, marks it stuck and returns true (say so once per stall).
+    fn check_stuck(&self, now: u64) -> bool {
+        let written = self.written.load(Ordering::Acquire);
+        if written >= self.queued.load(Ordering::Acquire) {
+            return false;
         }
-        done
+        let since = self
+            .taken_at
+            .load(Ordering::Acquire)
+            .max(self.pending_since.load(Ordering::Acquire));
+        if now.saturating_sub(since) <= self.deadline.as_nanos() as u64 {
+            return false;
+        }
+        self.stuck_at.swap(written, Ordering::AcqRel) != written
     }
+
+    /// Whether the writer is still on the line it was found stuck on.
+    fn stuck(&self) -> bool {
+        let at = self.stuck_at.load(Ordering::Acquire);
+        at != NOT_STUCK && self.written.load(Ordering::Acquire) <= at
+    }
+}
+
+/// Says that stdout is not being read.
+fn warn_stuck(id: &str) {
+    tracing::warn!(
+        id,
+        "stdout is not being read: events stay queued, and starts do not wait for their line"
+    );
 }
 
 impl StdoutSink {
     /// Starts the writer thread; returns the sink and the barrier that
-    /// holds a start until the lines before it are written (at most
+    /// holds a start until its `added` line is written (at most
     /// `deadline`).
     pub(crate) fn new(
         output: Output,
         deadline: Duration,
-        metrics: std::sync::Arc<crate::serve::Metrics>,
+        metrics: Arc<crate::serve::Metrics>,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
         let (queue, rx) = std::sync::mpsc::sync_channel::<ContainerEvent>(4096);
-        let progress = std::sync::Arc::new(Progress {
-            queued: AtomicU64::new(0),
-            written: tokio::sync::watch::Sender::new(0),
-            stalled: AtomicBool::new(false),
-            added: std::sync::Mutex::new(std::collections::HashMap::new()),
-            taken_at: AtomicU64::new(0),
-            pending_since: AtomicU64::new(0),
-        });
-        let writer = std::sync::Arc::clone(&progress);
+        let progress = Arc::new(Progress::new(deadline));
+        let writer = Arc::clone(&progress);
         std::thread::Builder::new()
             .name("lookout-stdout".into())
             .spawn(move || {
@@ -146,16 +192,14 @@ impl StdoutSink {
                         // N.B. a closed stdout must not stop discovery.
                         tracing::debug!("stdout closed; event dropped");
                     }
-                    // Wakes a waiting start, if any; nothing otherwise.
-                    writer.written.send_modify(|n| *n += 1);
+                    drop(lock);
+                    writer.line_done();
                 }
             })
             .context("starting the stdout writer thread")?;
-        let sink_deadline = deadline;
         let barrier = StdoutBarrier {
-            progress: std::sync::Arc::clone(&progress),
-            deadline,
-            metrics: std::sync::Arc::clone(&metrics),
+            progress: Arc::clone(&progress),
+            metrics: Arc::clone(&metrics),
         };
         Ok((
             StdoutSink {
@@ -163,8 +207,6 @@ impl StdoutSink {
                 metrics,
                 progress,
                 queue,
-                deadline: sink_deadline,
-                late: 0,
                 dropped: 0,
             },
             barrier,
@@ -179,50 +221,38 @@ impl Sink for StdoutSink {
             return;
         }
         let p = &self.progress;
-        // A writer stuck on a line for the deadline is stalled even when no
-        // start waits for it (`run` has none): say so, and count the lines
-        // behind it as late.
+        // A writer on one line for the deadline is stuck even when no
+        // start waits for it (`run` has none): say so.
         let now = lookout_model::monotonic_ns();
-        let stalled = if p.caught_up() {
+        if p.written.load(Ordering::Acquire) >= p.queued.load(Ordering::Acquire) {
             p.pending_since.store(now, Ordering::Release);
-            false
-        } else {
-            let since = p
-                .taken_at
-                .load(Ordering::Acquire)
-                .max(p.pending_since.load(Ordering::Acquire));
-            if now.saturating_sub(since) > self.deadline.as_nanos() as u64 && p.stall() {
-                tracing::warn!(
-                    id = event.container.id,
-                    "stdout is not being read: event queued, the runtime is not kept waiting"
-                );
-            }
-            p.stalled.load(Ordering::Acquire)
-        };
+        } else if p.check_stuck(now) {
+            warn_stuck(&event.container.id);
+        }
         // N.B. one emitter at a time (`&mut self`): the line's number is
         // the count after it.
-        let line = self.progress.queued.load(Ordering::Acquire) + 1;
+        let line = p.queued.load(Ordering::Acquire) + 1;
         let added = (event.event == EventKind::Added).then(|| event.container.id.clone());
-        let id = event.container.id.clone();
         match self.queue.try_send(event) {
             Ok(()) => {
-                self.progress.queued.store(line, Ordering::Release);
+                p.queued.store(line, Ordering::Release);
                 if let Some(id) = added {
-                    self.progress.remember_added(id, line);
-                }
-                // Behind a consumer that stopped reading: this line is late.
-                if stalled {
-                    self.late += 1;
-                    self.metrics.stdout_late();
+                    p.remember_added(id, line);
                 }
             }
-            Err(_) => {
+            Err(e) => {
                 self.dropped += 1;
                 self.metrics.stdout_dropped();
+                let (why, event) = match e {
+                    std::sync::mpsc::TrySendError::Full(ev) => ("the stdout queue is full", ev),
+                    std::sync::mpsc::TrySendError::Disconnected(ev) => {
+                        ("the stdout writer is gone", ev)
+                    }
+                };
                 tracing::error!(
                     dropped = self.dropped,
-                    id,
-                    "stdout queue full: event dropped"
+                    id = event.container.id,
+                    "{why}: event dropped"
                 );
             }
         }
@@ -230,44 +260,63 @@ impl Sink for StdoutSink {
 }
 
 /// Holds a container's `start` until stdout's reader has its `added` line
-/// (and so every line before it), for at most the deadline; not at all
-/// once a wait ran out, until the writer catches up.
+/// (and so every line before it), for at most the deadline (or the
+/// caller's, NRI's, if sooner); not at all while the writer is stuck.
 pub(crate) struct StdoutBarrier {
-    progress: std::sync::Arc<Progress>,
-    deadline: Duration,
-    metrics: std::sync::Arc<crate::serve::Metrics>,
+    progress: Arc<Progress>,
+    metrics: Arc<crate::serve::Metrics>,
 }
 
-impl lookout_model::StartBarrier for StdoutBarrier {
-    fn wait(&self, id: &str) -> Option<lookout_model::StartWait> {
+impl StdoutBarrier {
+    fn wait_for(&self, id: &str, cap: Duration) -> Option<StartWait> {
         // No line of its own (not an `added` this agent wrote, or one
         // forgotten): nothing to wait for.
         let target = self.progress.added.lock().ok()?.remove(id)?;
-        if *self.progress.written.borrow() >= target
-            || (self.progress.stalled.load(Ordering::Acquire) && !self.progress.caught_up())
-        {
-            return None;
-        }
-        let mut written = self.progress.written.subscribe();
-        let (progress, deadline, metrics, id) = (
-            std::sync::Arc::clone(&self.progress),
-            self.deadline,
-            std::sync::Arc::clone(&self.metrics),
+        let rx = {
+            // N.B. `written` is read under the waiters' lock, which the
+            // writer takes after it counts a line: no wake-up is lost.
+            let mut waiters = self.progress.waiters.lock().ok()?;
+            if self.progress.written.load(Ordering::Acquire) >= target {
+                return None;
+            }
+            if self.progress.stuck() {
+                // The line will be late: the start does not wait for it.
+                self.metrics.stdout_late();
+                return None;
+            }
+            let (tx, rx) = oneshot::channel();
+            waiters.entry(target).or_default().push(tx);
+            rx
+        };
+        let (progress, metrics, id) = (
+            Arc::clone(&self.progress),
+            Arc::clone(&self.metrics),
             id.to_owned(),
         );
         Some(Box::pin(async move {
-            let wait = written.wait_for(|n| *n >= target);
-            if tokio::time::timeout(deadline, wait).await.is_err() {
+            if tokio::time::timeout(cap, rx).await.is_err() {
                 metrics.stdout_late();
-                if progress.stall() {
-                    tracing::warn!(
-                        id,
-                        "stdout is not being read: event queued, the runtime is not kept waiting"
-                    );
+                // Behind is not stuck: only a writer on one line for the
+                // deadline stops the starts after this from waiting.
+                if progress.check_stuck(lookout_model::monotonic_ns()) {
+                    warn_stuck(&id);
+                } else {
+                    tracing::debug!(id, "stdout is behind: the start went on before its line");
                 }
             }
-            lookout_model::StartDecision::Proceed
+            StartDecision::Proceed
         }))
+    }
+}
+
+impl StartBarrier for StdoutBarrier {
+    fn wait(&self, id: &str) -> Option<StartWait> {
+        self.wait_for(id, self.progress.deadline)
+    }
+
+    fn wait_until(&self, id: &str, until: Instant) -> Option<StartWait> {
+        let left = until.saturating_duration_since(Instant::now());
+        self.wait_for(id, self.progress.deadline.min(left))
     }
 }
 
@@ -314,4 +363,121 @@ fn text_line(e: &ContainerEvent) -> String {
         s.push_str(&format!(" exit={code}"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_millis(100);
+
+    /// A barrier on a writer nobody runs: the tests move it by hand.
+    fn barrier() -> (Arc<Progress>, StdoutBarrier) {
+        let progress = Arc::new(Progress::new(DEADLINE));
+        let b = StdoutBarrier {
+            progress: Arc::clone(&progress),
+            metrics: Arc::new(crate::serve::Metrics::new()),
+        };
+        (progress, b)
+    }
+
+    /// Queues `n` lines, the `added` of `id` last, as the sink does.
+    fn queue(p: &Progress, n: u64, id: &str) {
+        let line = p.queued.load(Ordering::Acquire) + n;
+        p.queued.store(line, Ordering::Release);
+        p.remember_added(id.to_owned(), line);
+        p.taken_at
+            .store(lookout_model::monotonic_ns(), Ordering::Release);
+    }
+
+    #[tokio::test]
+    async fn a_start_waits_for_its_own_line_and_not_for_the_lines_after_it() {
+        let (p, b) = barrier();
+        queue(&p, 2, "a");
+        queue(&p, 3, "b");
+        let mut wait = b.wait("a").expect("line 2 is not written yet");
+        p.line_done();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            wait.as_mut().poll(&mut cx).is_pending(),
+            "line 1 is not a's line"
+        );
+        p.line_done();
+        // Lines 3-5 (b's) are still queued: a's start goes on.
+        let decided = tokio::time::timeout(DEADLINE / 2, wait).await;
+        assert_eq!(decided, Ok(StartDecision::Proceed));
+        assert!(b.wait("a").is_none(), "asked once: a's line is forgotten");
+        assert!(b.wait("unknown").is_none(), "no line of its own: no wait");
+        for _ in 0..3 {
+            p.line_done();
+        }
+        assert!(b.wait("b").is_none(), "already written");
+    }
+
+    #[tokio::test]
+    async fn a_writer_stuck_on_one_line_holds_one_start_and_then_none() {
+        let (p, b) = barrier();
+        queue(&p, 1, "a");
+        // On line 1 for longer than the deadline already.
+        let long_ago = lookout_model::monotonic_ns() - 2 * DEADLINE.as_nanos() as u64;
+        p.taken_at.store(long_ago, Ordering::Release);
+        p.pending_since.store(long_ago, Ordering::Release);
+        let t = Instant::now();
+        let wait = b.wait("a").expect("line 1 is not written");
+        assert_eq!(wait.await, StartDecision::Proceed);
+        assert!(t.elapsed() >= DEADLINE, "waited its deadline");
+        assert!(p.stuck(), "one line for the deadline: stuck");
+        queue(&p, 1, "b");
+        assert!(b.wait("b").is_none(), "a stuck writer holds no more starts");
+        assert!(
+            !p.check_stuck(lookout_model::monotonic_ns()),
+            "said once per stall"
+        );
+        // It moves again: starts wait again.
+        p.line_done();
+        assert!(!p.stuck());
+        queue(&p, 1, "c");
+        assert!(b.wait("c").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_writer_behind_but_writing_is_not_stuck() {
+        let (p, b) = barrier();
+        queue(&p, 50, "a");
+        let wait = b.wait("a").expect("line 50 is not written");
+        // The writer takes a line every few milliseconds, never one for
+        // the deadline, and is not done with line 50 before it.
+        let writer = {
+            let p = Arc::clone(&p);
+            std::thread::spawn(move || {
+                for _ in 0..49 {
+                    p.taken_at
+                        .store(lookout_model::monotonic_ns(), Ordering::Release);
+                    std::thread::sleep(DEADLINE / 20);
+                    p.line_done();
+                }
+            })
+        };
+        assert_eq!(wait.await, StartDecision::Proceed);
+        writer.join().expect("writer");
+        assert!(!p.stuck(), "behind is not stuck");
+        queue(&p, 1, "b");
+        assert!(
+            b.wait("b").is_some(),
+            "the next start still waits for its line"
+        );
+    }
+
+    #[test]
+    fn lines_of_starts_that_never_come_are_forgotten_once_written() {
+        let (p, _) = barrier();
+        for i in 0..MAX_REMEMBERED_ADDED {
+            queue(&p, 1, &format!("run-{i}"));
+            p.line_done();
+        }
+        queue(&p, 1, "last");
+        let added = p.added.lock().expect("lock");
+        assert_eq!(added.len(), 1, "only the unwritten one is kept");
+        assert!(added.contains_key("last"));
+    }
 }
