@@ -118,12 +118,19 @@ fn print_inode(v: &Value) {
 
 /// CLOCK_MONOTONIC now, in nanoseconds (the agent's event clock).
 fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `clock` now, in nanoseconds (0 if it cannot be read).
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid timespec pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: a valid timespec pointer; an unknown clock is an error.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0;
+    }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -547,23 +554,11 @@ impl Observer {
     fn arm(pid: u32, then: Option<PathBuf>) -> Option<Observer> {
         let (armed, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            // SAFETY: pidfd_open takes integers; the fd is closed below.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
-            let _ = armed.send(fd >= 0);
-            if fd < 0 {
-                return None;
-            }
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-            // SAFETY: our own fd.
-            unsafe { libc::close(fd) };
+            let fd = pidfd(pid);
+            let _ = armed.send(fd.is_some());
+            let ended = exited(&fd?);
             let read = then.is_none_or(|f| std::fs::read(f).is_ok_and(|b| !b.is_empty()));
-            (n == 1 && read).then(now_ns)
+            (ended && read).then(now_ns)
         });
         match rx.recv() {
             Ok(true) => Some(Observer(thread)),
@@ -577,23 +572,29 @@ impl Observer {
     }
 }
 
-fn wait_exit(pid: u32) -> Option<u64> {
-    // SAFETY: pidfd_open takes integers; the fd is closed below.
+/// A pidfd for process `pid`, or `None` if it is gone.
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes integers and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
-    if fd < 0 {
-        return None;
-    }
+    // SAFETY: a new fd that nothing else owns.
+    (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Waits (at most 10 s) for the process of pidfd `fd` to end.
+fn exited(fd: &std::os::fd::OwnedFd) -> bool {
     let mut p = libc::pollfd {
-        fd,
+        fd: std::os::fd::AsRawFd::as_raw_fd(fd),
         events: libc::POLLIN,
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-    let t = now_ns();
-    // SAFETY: our own fd.
-    unsafe { libc::close(fd) };
-    (n == 1).then_some(t)
+    (unsafe { libc::poll(&mut p, 1, 10_000) }) == 1
+}
+
+/// When process `pid` ended, as this thread saw it (at most 10 s).
+fn wait_exit(pid: u32) -> Option<u64> {
+    let fd = pidfd(pid)?;
+    exited(&fd).then(now_ns)
 }
 
 /// The report being built: report.json's top-level keys.

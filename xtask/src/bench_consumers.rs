@@ -24,8 +24,8 @@ use lookout_client::{Client, Event, Filter, GateOptions, OnFailure};
 use serde_json::{Value, json};
 
 use super::{
-    Agent, Floor, PeakRss, busybox_bundle, cpu_clock_s, drop_page_cache, in_path, now_ns, pct,
-    proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
+    Agent, Floor, PeakRss, busybox_bundle, clock_ns, cpu_clock_s, drop_page_cache, in_path, now_ns,
+    pct, proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
 };
 use crate::util::{cargo, exec, say, workspace_root};
 
@@ -714,13 +714,7 @@ fn frame_floor(
 
 /// This thread's CPU clock in nanoseconds.
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; the clock always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// The bytes `pid` has written so far (`wchar` of /proc/PID/io: every

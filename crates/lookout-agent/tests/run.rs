@@ -950,6 +950,44 @@ fn a_log_that_nobody_reads_does_not_block_runtimes() {
     let _ = child.0.wait();
 }
 
+/// An agent watching `rt` with its stdout on `stdout` (a pipe the test
+/// reads, or not), `--event-deadline deadline` and its log in `stderr`;
+/// returns once it is ready.
+fn agent_writing_to(
+    rt: &Runtime,
+    stdout: std::os::fd::OwnedFd,
+    deadline: &str,
+    stderr: &Path,
+) -> KillOnDrop {
+    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
+        .args([
+            "run",
+            "--no-socket",
+            "--output",
+            "json",
+            "--event-deadline",
+            deadline,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(Runtime::agent_args(Some(rt)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(std::fs::File::create(stderr).expect("stderr"))
+        .spawn()
+        .expect("spawn");
+    let child = KillOnDrop(child);
+    let until = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(stderr)
+        .unwrap_or_default()
+        .contains("lookout_agent::run: ready")
+    {
+        assert!(Instant::now() < until, "agent not ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
 #[test]
 fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     if !ready("stdout_not_read") {
@@ -960,32 +998,7 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     // A handful of events fill it.
     let (read_end, write_end) = small_pipe();
     let stderr = dir.path().join("stderr");
-    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
-        .args([
-            "run",
-            "--no-socket",
-            "--output",
-            "json",
-            "--event-deadline",
-            "100ms",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(Runtime::agent_args(Some(&rt)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(write_end))
-        .stderr(std::fs::File::create(&stderr).expect("stderr"))
-        .spawn()
-        .expect("spawn");
-    let mut child = KillOnDrop(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&stderr)
-        .unwrap_or_default()
-        .contains("lookout_agent::run: ready")
-    {
-        assert!(Instant::now() < deadline, "agent not ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut child = agent_writing_to(&rt, write_end, "100ms", &stderr);
     let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
     let bs = b.to_str().expect("utf-8");
     let ids: Vec<String> = (0..12)
@@ -1050,32 +1063,7 @@ fn a_start_waits_until_its_added_line_is_on_stdout() {
     junk.write_all(&fill).expect("fill the pipe");
     drop(junk);
     let stderr = dir.path().join("stderr");
-    let child = Command::new(env!("CARGO_BIN_EXE_lookout"))
-        .args([
-            "run",
-            "--no-socket",
-            "--output",
-            "json",
-            "--event-deadline",
-            "60s",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(Runtime::agent_args(Some(&rt)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(write_end))
-        .stderr(std::fs::File::create(&stderr).expect("stderr"))
-        .spawn()
-        .expect("spawn");
-    let mut child = KillOnDrop(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&stderr)
-        .unwrap_or_default()
-        .contains("lookout_agent::run: ready")
-    {
-        assert!(Instant::now() < deadline, "agent not ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut child = agent_writing_to(&rt, write_end, "60s", &stderr);
     let id = id("start-waits-stdout");
     let bs = b.to_str().expect("utf-8");
     // `create` does not wait for stdout: its line is written later.
