@@ -97,6 +97,20 @@ async fn start(
     }
 }
 
+/// Waits (deadline 15 s) until the server has opened `n` watches: a watch
+/// the test means to cut must exist first.
+async fn wait_for_watches(server: &ApiServer, n: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while server.watches_opened() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} watch(es) within 15 s: {:?}",
+            server.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_add_update_restart_delete_and_other_nodes() {
     let server = ApiServer::start();
@@ -209,12 +223,23 @@ async fn a_410_gone_relists_and_reports_only_what_changed() {
     );
     let mut run = start(&server, dir.path(), None).await;
     assert_eq!(run.take(2).await, ["+0001", "+0002"]);
+    wait_for_watches(&server, 1).await;
 
     // The watch breaks and cannot come back for a while; meanwhile a pod
     // goes, another comes, and the history is compacted away.
+    let before = server.requests().len();
     server.fail_next(u32::MAX);
     server.drop_watches();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the informer has tried again and been refused.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while server.requests().len() == before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a retry after the cut within 15 s: {:?}",
+            server.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.delete("ns", "a-0");
     server.apply(
         PodJson::new("ns", "c-0", "uc", NODE)
@@ -248,17 +273,11 @@ async fn a_dropped_watch_resumes_from_the_last_bookmark_without_relisting() {
     );
     let mut run = start(&server, dir.path(), None).await;
     assert_eq!(run.take(1).await, ["+0001"]);
-    let mut watch = None;
-    for _ in 0..100 {
-        watch = server
-            .requests()
-            .into_iter()
-            .find(|r| r.contains("watch=true"));
-        if watch.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_watches(&server, 1).await;
+    let watch = server
+        .requests()
+        .into_iter()
+        .find(|r| r.contains("watch=true"));
     let watch = watch.expect("a watch request");
     assert!(watch.contains("allowWatchBookmarks=true"), "{watch}");
 

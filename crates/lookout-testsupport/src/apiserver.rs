@@ -389,31 +389,33 @@ async fn not_found(method: Method, uri: Uri, State(shared): State<ServerState>) 
 
 async fn pods(State(shared): State<ServerState>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
     let q = query_map(raw.as_deref());
-    {
-        let mut s = shared.lock();
-        s.requests.push(format!("GET {uri}"));
-        if s.fail_next > 0 {
-            s.fail_next -= 1;
-            return status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                "injected failure",
-            );
-        }
+    // One lock from recording the request to answering it (or, for a
+    // watch, to subscribing it): a test's `fail_next`, `drop_watches` or
+    // change then falls wholly before or wholly after each request, as with
+    // a real API server. With two locks a watch recorded before a
+    // `drop_watches` could subscribe after it and never be cut.
+    let mut s = shared.lock();
+    s.requests.push(format!("GET {uri}"));
+    if s.fail_next > 0 {
+        s.fail_next -= 1;
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "injected failure",
+        );
     }
     let node = match node_selector(&q) {
         Ok(n) => n,
         Err(r) => return *r,
     };
     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        watch(shared, q, node)
+        watch(&mut s, &shared.live, q, node)
     } else {
-        list(shared, q, node)
+        list(&mut s, q, node)
     }
 }
 
-fn list(shared: ServerState, q: HashMap<String, String>, node: Option<String>) -> Response {
-    let mut s = shared.lock();
+fn list(s: &mut Inner, q: HashMap<String, String>, node: Option<String>) -> Response {
     let limit: usize = q
         .get("limit")
         .and_then(|l| l.parse().ok())
@@ -478,7 +480,12 @@ fn frame(kind: &str, object: &Value) -> Result<Bytes, std::io::Error> {
     Ok(Bytes::from(line))
 }
 
-fn watch(shared: ServerState, q: HashMap<String, String>, node: Option<String>) -> Response {
+fn watch(
+    s: &mut Inner,
+    live: &broadcast::Sender<Live>,
+    q: HashMap<String, String>,
+    node: Option<String>,
+) -> Response {
     let from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -488,9 +495,9 @@ fn watch(shared: ServerState, q: HashMap<String, String>, node: Option<String>) 
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .unwrap_or(1800);
-    // Replay and subscribe under one lock: nothing falls in between.
+    // Replay and subscribe under the request's lock: nothing falls in
+    // between.
     let (backlog, mut rx, gone) = {
-        let mut s = shared.lock();
         s.watches_opened += 1;
         let gone = from != 0 && from < s.compacted;
         let backlog: Vec<Change> = if gone {
@@ -508,7 +515,7 @@ fn watch(shared: ServerState, q: HashMap<String, String>, node: Option<String>) 
         } else {
             s.history.iter().filter(|c| c.rv > from).cloned().collect()
         };
-        (backlog, shared.live.subscribe(), gone)
+        (backlog, live.subscribe(), gone)
     };
     let stream = async_stream::stream! {
         if gone {
