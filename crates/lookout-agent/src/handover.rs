@@ -770,17 +770,24 @@ mod tests {
         let mut outcomes = [a, b];
         outcomes.sort_by_key(|o| *o as u8);
         assert_eq!(outcomes, [Once::Ran, Once::Done]);
-        // Busy: the other holds it past the wait.
-        let slow = claims.once("k2", Duration::from_secs(5), || async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        // Busy: the other holds it past the wait. Ordered by channels, not
+        // by time: `quick` tries once `slow` runs, and `slow` ends only
+        // after `quick` gave up.
+        let (holding, held) = tokio::sync::oneshot::channel::<()>();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let slow = claims.once("k2", Duration::from_secs(5), move || async move {
+            let _ = holding.send(());
+            let _ = released.await;
         });
         let quick = async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            claims
+            held.await.expect("slow runs its action");
+            let q = claims
                 .once("k2", Duration::from_millis(50), || async {
                     panic!("runs while held")
                 })
-                .await
+                .await;
+            let _ = release.send(());
+            q
         };
         let (_, q) = tokio::join!(slow, quick);
         assert_eq!(q, Once::Busy);

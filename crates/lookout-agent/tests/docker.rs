@@ -169,6 +169,16 @@ impl Drop for Dockerd {
     }
 }
 
+/// A Docker-style id (64 hex digits) unique to this test process and
+/// call: the test pid, then a count. Both dockerd tests run side by side
+/// in one process, and runc's default cgroup is named after the id, so a
+/// fixed id would collide between them (or with a crashed run's leftover).
+fn docker_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:08x}{n:056x}", std::process::id())
+}
+
 /// Waits for an `updated` event of `id` (the agent's lookup in dockerd).
 fn updated(agent: &Agent, id: &str) -> Value {
     agent.wait_event(id, "updated", Duration::from_secs(20))
@@ -346,9 +356,9 @@ fn docker_containers_with_their_identity(test: &str, dockerd: &Path, release: &s
     let _ = dockerd.child.kill();
     let _ = dockerd.child.wait();
     let bundle = tempfile::tempdir().expect("tempdir");
-    for n in 0..2u8 {
+    for _ in 0..2 {
         // A Docker-style id, in dockerd's root, run by the same runc.
-        let id = format!("{n:x}").repeat(64);
+        let id = docker_id();
         let b = bundle.path().join(&id);
         lookout_testsupport::bundle::busybox(&b, &["sh", "-c", "exit 4"], |_| {});
         let b = b.to_str().expect("utf-8");
@@ -449,7 +459,7 @@ fn a_docker_socket_an_unprivileged_user_owns_is_never_asked() {
         .expect("chmod");
     let socket = open.join("docker.sock");
     let asked = open.join("asked");
-    let id = "f".repeat(64);
+    let id = docker_id();
     // The attacker's dockerd: every answer names the container as the
     // victim's pod; each connection is noted.
     const FAKE: &str = r#"

@@ -340,8 +340,14 @@ fn a_killed_agent_is_replaced_by_its_standby_at_once_and_restarted_after_a_gap()
     signal_and_reap(&mut old, libc::SIGKILL);
     let to_standby = until_served_by(&tokio, &s.socket, new.child.id());
     println!("upgrade: kill -9 with a standby: socket served again after {to_standby:?}");
+    // What this guards against is a standby that does not take over when
+    // the dead agent's lease goes: then nothing serves the socket until a
+    // new agent starts, which here never comes (`until_served_by` fails at
+    // 10 s). The time itself is printed above; 3 s, not 1 s, as for the
+    // SIGTERM handover in the surge test (1 s failed there once on this
+    // 2-core VM with three test binaries' agents busy).
     assert!(
-        to_standby < Duration::from_secs(1),
+        to_standby < Duration::from_secs(3),
         "{to_standby:?}:\n{}",
         new.log()
     );

@@ -135,8 +135,15 @@ fn closing_the_group_releases_blocked_execs() {
     // N.B. the exec'ing process must not hold a copy of the group fd: a
     // child forked by us keeps the group alive (CLOEXEC acts only after the
     // permission check), so closing our copy would not release it. Start a
-    // shell *before* creating the group, and let it exec later.
-    let script = format!("sleep 0.3; exec {}", bin.display());
+    // shell *before* creating the group, and let it exec once the mark is
+    // in place: when the test creates the go file (the shell gives up
+    // after about 10 s, and then the peek below fails).
+    let go = dir.path().join("go");
+    let script = format!(
+        "i=0; while [ ! -e {go} ]; do i=$((i+1)); [ $i -lt 1000 ] || exit 9; sleep 0.01; done; exec {bin}",
+        go = go.display(),
+        bin = bin.display()
+    );
     let mut child = Command::new("sh")
         .args(["-c", &script])
         .spawn()
@@ -145,13 +152,27 @@ fn closing_the_group_releases_blocked_execs() {
     group
         .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
         .expect("mark");
+    std::fs::write(&go, b"").expect("go file");
     // Wait until the exec is blocked on us, then close without reading:
     // this is what happens when the agent crashes.
     next_event_peek(&group);
     let start = Instant::now();
     drop(group);
-    assert!(child.wait().expect("wait").success());
-    assert!(start.elapsed() < Duration::from_secs(2));
+    // Released at the close (the exec of `true` then takes milliseconds);
+    // a group that lived on would hold the exec for ever, so a bounded
+    // wait fails instead of hanging.
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(2) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the exec was still blocked 2 s after the group was closed");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]

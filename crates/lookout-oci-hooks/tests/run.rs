@@ -67,14 +67,18 @@ async fn a_hanging_hook_and_its_children_are_killed_at_the_timeout() {
     let pidfile = d.path().join("child.pid");
     let hook = sh(&format!("sleep 30 & echo $! > {}; wait", pidfile.display()));
     let mut opts = RunOptions::default();
-    opts.default_timeout = Duration::from_millis(300);
+    // 2 s: long enough for the hook to have written its child's pid on a
+    // loaded 2-core VM before it is killed (300 ms was not, surely).
+    opts.default_timeout = Duration::from_secs(2);
     let t = Instant::now();
     let o = run_hook(&hook, &state(), &opts).await.expect("ran");
     assert!(o.timed_out, "{o:?}");
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Killed at 2 s; a hook never killed would run until its `sleep 30`
+    // ends. 10 s tells the two apart with room for load.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert!(o.describe().starts_with("timed out"), "{}", o.describe());
     let child: i32 = std::fs::read_to_string(&pidfile)
-        .expect("pid file")
+        .expect("pid file (written by the hook before its timeout)")
         .trim()
         .parse()
         .expect("pid");

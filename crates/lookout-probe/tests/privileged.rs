@@ -106,11 +106,16 @@ fn probing_never_blocks_runtime_execs() {
     // (and marking it) again and again. N.B. the loop is started before the
     // first probe, so it holds none of the probe's fanotify fds. A stuck
     // exec would keep the loop from seeing the stop file: it must finish.
+    // The loop touches `started` after its first exec, and the probes wait
+    // for it: every probe then runs while the loop is execing.
     let dir = tempfile::tempdir().expect("tempdir");
     let stop = dir.path().join("stop");
+    let started = dir.path().join("started");
     let script = format!(
-        "n=0; while [ ! -e {stop} ]; do {rt} --version >/dev/null || exit 1; n=$((n+1)); done; echo $n",
+        "n=0; while [ ! -e {stop} ]; do {rt} --version >/dev/null || exit 1; n=$((n+1)); \
+         [ $n -ne 1 ] || : > {started}; done; echo $n",
         stop = stop.display(),
+        started = started.display(),
         rt = runtime.display()
     );
     let mut looper = Command::new("sh")
@@ -118,6 +123,18 @@ fn probing_never_blocks_runtime_execs() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn exec loop");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !started.exists() {
+        if let Some(status) = looper.try_wait().expect("try_wait") {
+            panic!("the exec loop ended before probing: {status:?}");
+        }
+        if Instant::now() > deadline {
+            let _ = looper.kill();
+            let _ = looper.wait();
+            panic!("the exec loop's first exec did not end within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     for _ in 0..10 {
         let _ = probe(&no_cluster());
     }

@@ -216,11 +216,14 @@ pub(crate) fn bounded<T: Send + 'static>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// The two tests below share the process-wide count of stuck readers.
-    static STUCK_COUNT_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// Taken by every test that reads through [`bounded`] or depends on
+    /// the process-wide count of stuck readers: while the hung-reader test
+    /// holds every slot, any other bounded read is refused (`oci.rs`'s
+    /// tests take it too).
+    pub(crate) static STUCK_COUNT_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
     fn many_reads_in_flight_at_once_are_not_refused() {

@@ -334,6 +334,11 @@ mod tests {
 
     #[test]
     fn a_config_is_read_within_the_deadline() {
+        // A bounded read: refused while the hung-reader test in
+        // `bounded.rs` holds every stuck-reader slot.
+        let _serial = crate::bounded::tests::STUCK_COUNT_USERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         use std::time::Duration;
         let d = tempfile::tempdir().expect("tempdir");
         std::fs::write(d.path().join("config.json"), r#"{"hostname":"h"}"#).expect("write");

@@ -553,6 +553,14 @@ fn watch(
                     }
                 }
                 Ok(Ok(Live::Drop)) | Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    // A frame yielded just before (a BOOKMARK sent right
+                    // before `drop_watches`) is still in hyper's write
+                    // buffer: hyper polls the body again before flushing,
+                    // and an error then closes the connection unflushed.
+                    // Pending once lets hyper flush it first (its
+                    // dispatcher flushes after every poll of the body), so
+                    // the client sees every frame sent before the cut.
+                    tokio::task::yield_now().await;
                     yield Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,
                         "watch dropped by the test server",

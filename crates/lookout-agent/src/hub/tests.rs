@@ -571,16 +571,20 @@ async fn overdue(h: &Hub, name: &str) -> bool {
 async fn a_subscriber_that_missed_a_deadline_is_not_waited_for_until_it_answers() {
     let h = hub(100, 100);
     let barrier = GateBarrier(Arc::clone(&h));
-    let gate = |name: &str, on_failure| {
+    let gate = |name: &str, on_failure, deadline| {
         h.gate(Subscription {
             name: name.into(),
             filter: Filter::default(),
-            deadline: Duration::from_millis(100),
+            deadline,
             on_failure,
         })
         .expect("gate")
     };
-    let mut stalled = gate("stalled", FailurePolicy::Open);
+    // A hold's deadline runs from its issue, on the wall clock. After the
+    // first hold, which is meant to miss it, every step of this
+    // subscriber's must be in time (a pending first poll, an answer taken):
+    // 2 s, so that no stall of a loaded VM between two steps flips one.
+    let mut stalled = gate("stalled", FailurePolicy::Open, Duration::from_secs(2));
     // Its first hold waits for the deadline, then the policy decides.
     feed(&h, added("c1", Status::Created));
     let mut w1 = barrier.wait("c1").expect("held");
@@ -619,8 +623,9 @@ async fn a_subscriber_that_missed_a_deadline_is_not_waited_for_until_it_answers(
     );
     drop(stalled);
 
-    // Fail-closed keeps its promise when overdue: denied, at once.
-    let _strict = gate("strict", FailurePolicy::Closed);
+    // Fail-closed keeps its promise when overdue: denied, at once. (Its
+    // only hold is meant to miss the deadline: a short one.)
+    let _strict = gate("strict", FailurePolicy::Closed, Duration::from_millis(100));
     feed(&h, added("d1", Status::Created));
     let w = barrier.wait("d1").expect("held");
     assert!(matches!(w.await, StartDecision::Deny(r) if r.contains("no answer within")));

@@ -65,6 +65,8 @@ struct Store {
     /// The last `retain` changes (ADDED/REMOVED), oldest first.
     log: VecDeque<v1::WatchEvent>,
     retain: usize,
+    /// Set by [`FakeAgent::stop`]: new Watch and Gate calls are refused.
+    stopping: bool,
 }
 
 /// Misbehaviour on purpose.
@@ -118,6 +120,7 @@ impl State {
                 live: BTreeMap::new(),
                 log: VecDeque::new(),
                 retain,
+                stopping: false,
             }),
             knobs: Mutex::new(Knobs::default()),
             changes: broadcast::channel(256).0,
@@ -131,6 +134,15 @@ impl State {
             gate_ends_tx,
             gate_ends: tokio::sync::Mutex::new(gate_ends),
         })
+    }
+
+    /// Ends every open watch stream with `code`. The caller holds the
+    /// store's lock (see `watch`).
+    fn cut(&self, code: tonic::Code) {
+        self.cuts.send_modify(|(n, c)| {
+            *n += 1;
+            *c = code;
+        });
     }
 
     /// Applies one change to the live set and the log, under one lock.
@@ -214,10 +226,18 @@ impl Lookout for State {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let request = request.into_inner();
         let (since, filter) = (request.since, request.filter.unwrap_or_default());
-        lock(&self.watch_calls).push(since);
         let overlap = lock(&self.knobs).replay_overlap;
-        let (backlog, mut live) = {
+        // Recorded, replayed and subscribed (to changes and to cuts) under
+        // the store's lock, which `record` and `FakeAgent::cut` take too: a
+        // change or a cut falls wholly before or after each Watch. With the
+        // cut subscribed outside it, a watch the test saw called could miss
+        // a cut that came in between, and live on.
+        let (backlog, mut live, mut cuts) = {
             let store = lock(&self.store);
+            lock(&self.watch_calls).push(since);
+            if store.stopping {
+                return Err(Status::unavailable("the fake agent is stopping"));
+            }
             let oldest = store.log.front().map_or(store.revision + 1, |e| e.revision);
             // The changes after `since` are all retained, or there are none.
             let resumable = since != 0
@@ -245,10 +265,10 @@ impl Lookout for State {
                 };
                 store.live.values().map(snapshot).chain([end]).collect()
             };
-            (backlog, self.changes.subscribe())
+            let mut cuts = self.cuts.subscribe();
+            cuts.mark_unchanged();
+            (backlog, self.changes.subscribe(), cuts)
         };
-        let mut cuts = self.cuts.subscribe();
-        cuts.mark_unchanged();
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             let wanted = |e: &v1::WatchEvent| {
@@ -320,11 +340,21 @@ impl Lookout for State {
         // Registered before Subscribed goes out: once the client has it,
         // holds reach it.
         let _ = tx.send(Ok(subscribed));
-        lock(&self.subscribers).push(Subscriber {
-            filter: subscribe.filter.unwrap_or_default(),
-            responses: tx,
-        });
-        self.subscriptions.send_modify(|n| *n += 1);
+        {
+            // Refused once stopping, under the lock `FakeAgent::stop` sets
+            // it under: a call still in flight when the stop cleared the
+            // subscribers must not add one afterwards (it would outlive
+            // the stop and count as a subscription).
+            let store = lock(&self.store);
+            if store.stopping {
+                return Err(Status::unavailable("the fake agent is stopping"));
+            }
+            lock(&self.subscribers).push(Subscriber {
+                filter: subscribe.filter.unwrap_or_default(),
+                responses: tx,
+            });
+            self.subscriptions.send_modify(|n| *n += 1);
+        }
         let decisions = self.decisions_tx.clone();
         let ends = self.gate_ends_tx.clone();
         let name = subscribe.name;
@@ -369,6 +399,7 @@ impl FakeAgent {
     /// Starts serving again (after [`FakeAgent::stop`]), same state.
     pub fn serve(&mut self) {
         assert!(self.server.is_none(), "already serving");
+        lock(&self.state.store).stopping = false;
         let listener = UnixListener::bind(&self.socket).expect("bind the fake agent's socket");
         let (stop, stopped) = oneshot::channel();
         let service = LookoutServer::from_arc(Arc::clone(&self.state));
@@ -388,8 +419,14 @@ impl FakeAgent {
     /// UNAVAILABLE, the server drains, the socket file goes.
     pub async fn stop(&mut self) {
         let (stop, task) = self.server.take().expect("serving");
-        self.cut(tonic::Code::Unavailable);
-        lock(&self.state.subscribers).clear();
+        {
+            // One lock with `watch` and `gate`: every stream open now is
+            // cut or cleared, and none opens after.
+            let mut store = lock(&self.state.store);
+            store.stopping = true;
+            self.state.cut(tonic::Code::Unavailable);
+            lock(&self.state.subscribers).clear();
+        }
         let _ = stop.send(());
         within("the fake agent to drain", task)
             .await
@@ -399,10 +436,9 @@ impl FakeAgent {
 
     /// Ends every open watch stream with `code`.
     pub fn cut(&self, code: tonic::Code) {
-        self.state.cuts.send_modify(|(n, c)| {
-            *n += 1;
-            *c = code;
-        });
+        // Under the store's lock: see `watch`.
+        let _store = lock(&self.state.store);
+        self.state.cut(code);
     }
 
     /// Reports `container`; returns the change's revision.
