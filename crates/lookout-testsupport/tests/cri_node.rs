@@ -157,6 +157,14 @@ fn a_node_dropped_with_a_running_pod_leaves_no_process_or_mount() {
             .filter(|c| c.contains(needle))
             .collect()
     };
+    // StartContainer returns when `runc start` reads EOF on the exec FIFO,
+    // that is when the init's execve closes its close-on-exec end. The ELF
+    // loader sets the new command line only after that, so for a moment
+    // the init's cmdline is empty: wait for `sleep` with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ours("sleep 299.5").is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(!ours("sleep 299.5").is_empty(), "the container runs");
     assert!(!ours(&address).is_empty(), "the shim runs");
     let tasks = dir.join("state/io.containerd.runtime.v2.task/k8s.io");
