@@ -309,6 +309,35 @@ const ROWS: &[Row] = &[
         floor: Some(|r| at(r, &["discovery_us", "floor", "exit_to_woken", "p99"])),
     },
     Row {
+        name: "create exit -> Added, p50 (us)",
+        goal: Goal::Informational,
+        read: |r| at(r, &["discovery_us", "create_exit_to_added", "p50"]),
+        floor: Some(|r| {
+            at(
+                r,
+                &["discovery_us", "floor", "create_exit_to_state_read", "p50"],
+            )
+        }),
+    },
+    Row {
+        name: "container exit -> Removed, p50 (us)",
+        goal: Goal::Informational,
+        read: |r| at(r, &["discovery_us", "exit_to_removed", "p50"]),
+        floor: Some(|r| at(r, &["discovery_us", "floor", "exit_to_woken", "p50"])),
+    },
+    Row {
+        name: "discovery events missing after 5 s (added + removed)",
+        goal: Goal::Informational,
+        // An older report has no count (it waited a fixed 200 ms).
+        read: |r| {
+            Some(
+                at(r, &["discovery_us", "missing", "added"])?
+                    + at(r, &["discovery_us", "missing", "removed"])?,
+            )
+        },
+        floor: None,
+    },
+    Row {
         name: "exec beyond the allow-all floor, p50 (us)",
         goal: Goal::AtMost(5.0),
         read: |r| {
