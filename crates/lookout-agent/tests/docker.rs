@@ -287,6 +287,11 @@ fn docker_containers_with_their_identity(test: &str, dockerd: &Path, release: &s
             .any(|l| l.contains(&web[..13]) && l.contains("web1") && l.contains("localhost/bb:1")),
         "{table}"
     );
+    // `docker run -d` returns when `runc start` does, which may be before
+    // `sh` has run its `trap`; a SIGTERM before it would be dropped (an
+    // init without a handler) and the exit would be docker's SIGKILL.
+    let pid = added["container"]["pid"].as_u64().expect("pid");
+    wait_for_sigterm_handler(pid);
     docker.docker(&["stop", "-t", "10", "web1"]);
     let removed = agent.wait_event(&web, "removed", Duration::from_secs(20));
     assert_eq!(removed["exit_code"], 3, "{removed}");
@@ -378,28 +383,36 @@ fn docker_containers_with_their_identity(test: &str, dockerd: &Path, release: &s
             0
         );
     }
-    let log = agent.log();
+    // Lookups run on blocking threads, not ordered with the events: wait
+    // for the counts (10 s at most).
+    let counts = |metrics: &str| {
+        (
+            metric(metrics, "lookout_docker_lookups_total{outcome=\"found\"}").unwrap_or(0.0),
+            metric(
+                metrics,
+                "lookout_docker_lookups_total{outcome=\"unavailable\"}",
+            )
+            .unwrap_or(0.0),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut metrics = agent.metrics();
+    while !matches!(counts(&metrics), (f, u) if f >= 4.0 && u >= 2.0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        metrics = agent.metrics();
+    }
+    let (found, unavailable) = counts(&metrics);
+    assert!(found >= 4.0, "{metrics}");
+    assert!(unavailable >= 2.0, "{metrics}");
+    // The log after the agent stopped: every line written (the writer
+    // thread is flushed at exit).
+    let (status, log) = agent.stop();
+    assert!(status.success());
     assert_eq!(
         log.matches("Docker enrichment unavailable").count(),
         1,
         "one warning for the outage:\n{log}"
     );
-    let metrics = agent.metrics();
-    assert!(
-        metric(&metrics, "lookout_docker_lookups_total{outcome=\"found\"}").unwrap_or(0.0) >= 4.0,
-        "{metrics}"
-    );
-    assert!(
-        metric(
-            &metrics,
-            "lookout_docker_lookups_total{outcome=\"unavailable\"}"
-        )
-        .unwrap_or(0.0)
-            >= 2.0,
-        "{metrics}"
-    );
-    let (status, _) = agent.stop();
-    assert!(status.success());
 }
 
 #[test]
@@ -540,4 +553,23 @@ while True:
     );
     let log = agent.log();
     assert!(log.contains(&format!("owned by uid {}", user.uid)), "{log}");
+}
+
+/// Waits (10 s at most) until process `pid` catches SIGTERM (its
+/// `SigCgt` mask in /proc has bit 14).
+fn wait_for_sigterm_handler(pid: u64) {
+    let catches = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                let mask = s.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                u64::from_str_radix(mask.trim(), 16).ok()
+            })
+            .is_some_and(|m| m & (1 << (libc::SIGTERM - 1)) != 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !catches() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(catches(), "process {pid} never trapped SIGTERM");
 }

@@ -659,6 +659,12 @@ fn a_start_held_for_prestart_hooks_shows_as_the_oldest_unanswered_exec() {
         assert_eq!(http_get(&agent.addr(), "/healthz").0, 200);
         start.join().expect("start");
     });
+    // The answer reaches runc before the answerer lets go of its slot
+    // (the woken exec may run first): wait for the slot, 5 s at most.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while oldest() != 0.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(oldest(), 0.0, "answered: nothing waits");
     agent.wait_event(&id, "removed", Duration::from_secs(10));
     rt.cleanup(&id);

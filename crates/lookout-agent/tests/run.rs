@@ -1017,6 +1017,16 @@ fn a_consumer_that_stops_reading_stdout_does_not_block_runtimes() {
     for id in &ids {
         rt.cleanup(id);
     }
+    // Log lines reach the file through the agent's log writer thread.
+    let logged = || {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .contains("stdout is not being read")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logged() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let log = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(log.contains("stdout is not being read"), "{log}");
     // The queued events still come out, in order, once someone reads.

@@ -56,13 +56,17 @@ pub fn namespaces(pid: u32) -> Namespaces {
 
 /// The cgroup of `pid`: the cgroup2 (`0::`) path if there is one, else the
 /// first v1 line's path. As the host renders it once
-/// [`use_host_cgroup_namespace`] succeeded; else as this process's cgroup
+/// [`use_host_cgroup_namespace`] succeeded (`None` if the reader there
+/// does not answer within a second); else as this process's cgroup
 /// namespace does.
 pub fn cgroup(pid: u32) -> Option<String> {
-    let text = HOST_CGROUP_READER
-        .get()
-        .and_then(|r| r.read(pid))
-        .or_else(|| read_proc(&format!("/proc/{pid}/cgroup")))?;
+    let text = match HOST_CGROUP_READER.get() {
+        // N.B. no read in this process's namespace when the reader is
+        // late: that path would be relative to the agent's own cgroup
+        // (`/../../kubepods/...`), a wrong answer where none is honest.
+        Some(reader) => reader.read(pid)?,
+        None => read_proc(&format!("/proc/{pid}/cgroup"))?,
+    };
     parse_cgroup(&text)
 }
 
@@ -73,9 +77,12 @@ struct HostCgroupReader {
 
 static HOST_CGROUP_READER: std::sync::OnceLock<HostCgroupReader> = std::sync::OnceLock::new();
 
-/// How long a cgroup read waits for the reader thread before reading in
-/// this process's namespace instead.
-const HOST_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a cgroup read waits for the reader thread. Its reads take
+/// microseconds; only a stalled machine (or a kernel holding the cgroup
+/// lock, which a read in any namespace would wait for too) makes it late.
+/// A stall of 100 ms (the wait before) is within what a loaded 2-core VM
+/// shows.
+const HOST_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl HostCgroupReader {
     fn read(&self, pid: u32) -> Option<String> {

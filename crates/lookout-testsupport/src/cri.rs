@@ -553,9 +553,23 @@ disabled_plugins = [
                 }
             }
         }
-        for pid in self.shims() {
+        let shims = self.shims();
+        for &pid in &shims {
             // SAFETY: kill(2) on a shim this node's containerd started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        // kill(2) returns before a killed process has run its exit: until
+        // then its /proc entry is whole (a caller checking that no shim
+        // is left would find it). Gone or a zombie (of init) is dead.
+        let dead = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !shims.iter().all(|&p| dead(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
         for s in shim_sockets {
             let _ = std::fs::remove_file(s);

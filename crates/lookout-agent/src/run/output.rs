@@ -373,7 +373,11 @@ mod tests {
 
     /// A barrier on a writer nobody runs: the tests move it by hand.
     fn barrier() -> (Arc<Progress>, StdoutBarrier) {
-        let progress = Arc::new(Progress::new(DEADLINE));
+        barrier_with(DEADLINE)
+    }
+
+    fn barrier_with(deadline: Duration) -> (Arc<Progress>, StdoutBarrier) {
+        let progress = Arc::new(Progress::new(deadline));
         let b = StdoutBarrier {
             progress: Arc::clone(&progress),
             metrics: Arc::new(crate::serve::Metrics::new()),
@@ -442,18 +446,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_writer_behind_but_writing_is_not_stuck() {
-        let (p, b) = barrier();
+        // A deadline a stalled test thread does not reach (this test fails
+        // if the writer thread below is not scheduled for that long).
+        let deadline = Duration::from_secs(1);
+        let (p, b) = barrier_with(deadline);
         queue(&p, 50, "a");
         let wait = b.wait("a").expect("line 50 is not written");
-        // The writer takes a line every few milliseconds, never one for
-        // the deadline, and is not done with line 50 before it.
+        // The writer takes a line every 50 ms, never one for the deadline,
+        // and is not done with line 50 before it (49 lines: 2.45 s).
         let writer = {
             let p = Arc::clone(&p);
             std::thread::spawn(move || {
                 for _ in 0..49 {
                     p.taken_at
                         .store(lookout_model::monotonic_ns(), Ordering::Release);
-                    std::thread::sleep(DEADLINE / 20);
+                    std::thread::sleep(deadline / 20);
                     p.line_done();
                 }
             })
