@@ -1090,15 +1090,10 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
     // Every event in, or 5 s: a lost event shows as `missing`, not as a
     // lag the run cut short.
     let missing = |ev: &Events| {
-        let added = created_at
-            .keys()
-            .filter(|id| ev.get(*id).is_none_or(|(a, _)| a.is_empty()))
-            .count();
-        let removed = exited_at
-            .keys()
-            .filter(|id| ev.get(*id).is_none_or(|(_, r)| r.is_empty()))
-            .count();
-        (added, removed)
+        (
+            without(ev, created_at.keys(), Kind::Added),
+            without(ev, exited_at.keys(), Kind::Removed),
+        )
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while missing(&agent.events()) != (0, 0) && Instant::now() < deadline {
@@ -1131,6 +1126,18 @@ type Events = HashMap<String, (Vec<u64>, Vec<u64>)>;
 enum Kind {
     Added,
     Removed,
+}
+
+/// How many of `ids` have no `kind` event.
+fn without<'a>(events: &Events, ids: impl IntoIterator<Item = &'a String>, kind: Kind) -> usize {
+    ids.into_iter()
+        .filter(|id| {
+            events.get(*id).is_none_or(|(a, r)| match kind {
+                Kind::Added => a.is_empty(),
+                Kind::Removed => r.is_empty(),
+            })
+        })
+        .count()
 }
 
 /// Microseconds from each container's time in `at` to its first `kind`
@@ -1183,14 +1190,8 @@ fn churn(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     let c1 = proc_sample(pid);
     let clock = cpu_clock_s(pid) - clock0;
     let e = agent.events();
-    let missed = ids
-        .iter()
-        .filter(|i| e.get(*i).is_none_or(|(a, _)| a.is_empty()))
-        .count();
-    let stuck = ids
-        .iter()
-        .filter(|i| e.get(*i).is_none_or(|(_, r)| r.is_empty()))
-        .count();
+    let missed = without(&e, &ids, Kind::Added);
+    let stuck = without(&e, &ids, Kind::Removed);
     let dupes = ids
         .iter()
         .filter(|i| e.get(*i).is_some_and(|(a, r)| a.len() > 1 || r.len() > 1))
