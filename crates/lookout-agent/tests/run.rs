@@ -243,6 +243,103 @@ fn a_killed_agent_does_not_block_the_runtime() {
     drop(agent);
 }
 
+#[test]
+fn an_id_used_again_before_the_old_exit_is_handled_is_reported_again() {
+    if !ready("id_used_again") {
+        return;
+    }
+    // The agent watches `rt`; `side`, a second copy it does not watch,
+    // deletes while the agent is stopped.
+    let (rt, side) = (Runtime::runc(), Runtime::runc());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(
+        &dir.path().join("b"),
+        &["sh", "-c", "while [ ! -e /go ]; do sleep 0.01; done"],
+        |_| {},
+    );
+    let (bs, go) = (b.to_str().expect("utf-8"), b.join("rootfs/go"));
+    let agent = Agent::start(&rt, &[]);
+    let id = id("id-again");
+    let count = |kind: &str| {
+        agent
+            .events_for(&id)
+            .iter()
+            .filter(|e| e["event"] == kind)
+            .count()
+    };
+    let wait_count = |kind: &str, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(kind) < n {
+            assert!(
+                Instant::now() < deadline,
+                "{n} {kind} for {id}: {:?}",
+                agent.events_for(&id)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    rt.ok(&["create", "--bundle", bs, &id]);
+    rt.ok(&["start", &id]);
+    const ROUNDS: usize = 3;
+    for round in 1..=ROUNDS {
+        wait_count("added", round);
+        let old = agent
+            .events_for(&id)
+            .iter()
+            .rfind(|e| e["event"] == "added")
+            .and_then(|e| e["container"]["pid"].as_u64())
+            .expect("the added's pid");
+        // With the agent stopped, the old init exits and the container is
+        // deleted: the agent's notice of that exit is still to be handled
+        // when the next `create` of the same id reaches it.
+        let agent_pid = agent.child.id();
+        // SAFETY: signals to our own child.
+        unsafe { libc::kill(agent_pid as i32, libc::SIGSTOP) };
+        wait_all_threads_stopped(agent_pid);
+        std::fs::write(&go, b"").expect("let the init end");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{old}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'))
+        }) {
+            assert!(Instant::now() < deadline, "the init {old} did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        side.ok(&["delete", &id]);
+        std::fs::remove_file(&go).expect("the next init waits");
+        // Through a shell: spawn() waits until its child's exec is
+        // through, and this one is parked until the agent answers.
+        let mut create = Command::new("/bin/sh")
+            .args(["-c", "exec \"$0\" create --bundle \"$1\" \"$2\""])
+            .args([rt.path.to_str().expect("utf-8"), bs, &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn runc create");
+        wait_parked_in_fanotify(create.id());
+        // SAFETY: as above.
+        unsafe { libc::kill(agent_pid as i32, libc::SIGCONT) };
+        assert!(create.wait().expect("runc create").success());
+        rt.ok(&["start", &id]);
+        // The old container ended, and the new one is reported: before the
+        // fix it could be taken for the old one and never reported.
+        wait_count("removed", round);
+        wait_count("added", round + 1);
+        let removed = agent
+            .events_for(&id)
+            .into_iter()
+            .filter(|e| e["event"] == "removed")
+            .nth(round - 1)
+            .expect("this round's removed");
+        assert_eq!(removed["container"]["pid"].as_u64(), Some(old), "{removed}");
+        assert_eq!(removed["exit_code"], 0, "{removed}");
+    }
+    std::fs::write(&go, b"").expect("let the last init end");
+    wait_count("removed", ROUNDS + 1);
+    rt.cleanup(&id);
+    assert_eq!((count("added"), count("removed")), (ROUNDS + 1, ROUNDS + 1));
+}
+
 /// Waits until process `pid` sleeps in fanotify's permission wait.
 fn wait_parked_in_fanotify(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(5);

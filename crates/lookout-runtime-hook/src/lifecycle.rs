@@ -191,6 +191,11 @@ impl<P> Lifecycle<P> {
         self.tracked.values().map(|c| &**c)
     }
 
+    /// The init pid of tracked container `id`.
+    pub fn tracked_pid(&self, id: &str) -> Option<u32> {
+        self.tracked.get(id).and_then(|c| c.pid)
+    }
+
     /// Whether `id` is tracked and runs in a sandbox (its `delete` matters).
     pub fn is_sandboxed(&self, id: &str) -> bool {
         self.tracked.get(id).is_some_and(|c| c.sandbox.is_some())
@@ -257,7 +262,9 @@ impl<P> Lifecycle<P> {
                 perm,
             } => {
                 // Reported already (reconciliation was first), or a create
-                // that fails: runc refuses an id that exists.
+                // that fails: runc refuses an id that exists. (An id used
+                // again after its container ended: the hook's task steps
+                // that container's `Exited` first.)
                 if self.tracked.contains_key(&id) || self.resolving.contains_key(&id) {
                     out.extend(perm.map(Effect::Allow));
                     return out;
@@ -784,6 +791,41 @@ mod tests {
         assert_eq!(trace(&e), ["allow:1", "watch-create:a:100"]);
         let e = l.step(Input::CreateExited { id: "a".into() });
         assert_eq!(trace(&e), ["resolve:a"]);
+    }
+
+    #[test]
+    fn an_id_used_again_after_its_exit_is_a_new_container() {
+        let (mut l, now) = (L::default(), Instant::now());
+        l.step(Input::Found(vec![container("a", 7)]));
+        // What the hook's task steps when the create comes before the
+        // notice of the old init's exit: that exit, then the create.
+        let e = l.step(Input::Exited {
+            id: "a".into(),
+            pid: 7,
+            code: None,
+        });
+        assert_eq!(trace(&e), ["removed:a"]);
+        let e = l.step(Input::Created {
+            id: "a".into(),
+            pending: pending(now),
+            pid: 100,
+            perm: Some(3),
+        });
+        assert_eq!(trace(&e), ["allow:3", "watch-create:a:100"]);
+        let e = l.step(Input::CreateExited { id: "a".into() });
+        assert_eq!(trace(&e), ["resolve:a"]);
+        l.step(Input::Resolved {
+            id: "a".into(),
+            container: Some(container("a", 8)),
+        });
+        // The old exit's own notice, handled late, ends nothing new.
+        let e = l.step(Input::Exited {
+            id: "a".into(),
+            pid: 7,
+            code: None,
+        });
+        assert!(e.is_empty(), "{:?}", trace(&e));
+        assert_eq!(l.tracked_pid("a"), Some(8));
     }
 
     #[test]

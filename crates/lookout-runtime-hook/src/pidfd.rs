@@ -57,6 +57,17 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// Whether process `pid` has exited (reaped, or a zombie), without
+/// waiting. A pid that cannot be opened for another reason (no descriptor
+/// left) counts as alive: the caller keeps what it believed. A pid reused
+/// by another process counts as alive too.
+pub fn pid_has_exited(pid: u32) -> bool {
+    match pidfd_open(pid) {
+        Ok(fd) => has_exited(&fd),
+        Err(e) => e.raw_os_error() == Some(libc::ESRCH),
+    }
+}
+
 /// A process held by a pidfd: a signal sent through it reaches the
 /// process it was opened for, or nobody, never one that reused its pid.
 /// Open it while the pid is known to be right (when it was reported).
@@ -94,4 +105,28 @@ impl ProcessHandle {
 /// after the open is never hit (the open fails or names the old process).
 pub fn kill(pid: u32) -> std::io::Result<()> {
     ProcessHandle::open(pid)?.kill()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_live_process_has_not_exited_a_zombie_and_a_reaped_one_have() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("run sleep");
+        let pid = child.id();
+        assert!(!super::pid_has_exited(pid), "alive");
+        child.kill().expect("kill");
+        // kill(2) returns before the child has died: a zombie soon.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !super::pid_has_exited(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(super::pid_has_exited(pid), "a zombie has exited");
+        child.wait().expect("reap");
+        assert!(super::pid_has_exited(pid), "reaped: gone");
+    }
 }

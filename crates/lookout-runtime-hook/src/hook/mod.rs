@@ -770,6 +770,26 @@ impl RuntimeHook {
             status,
             since: Instant::now(),
         };
+        // An id used again (`runc run` under a service manager, a script):
+        // the container that had it ended, its init exited and it was
+        // deleted, but the notice of that exit can still be queued behind
+        // this create (the task takes notices and execs in no fixed order,
+        // and the exec comes first when this thread was not scheduled).
+        // Ended first, or the lifecycle would take the new container for
+        // the one it reported, and never watch it.
+        if let Some(old) = self.lifecycle.tracked_pid(&id)
+            && pidfd::pid_has_exited(old)
+        {
+            tracing::debug!(id, pid = old, "id used again before its exit was handled");
+            self.notice(
+                Notice::Step(Box::new(Input::Exited {
+                    id: id.clone(),
+                    pid: old,
+                    code: None,
+                })),
+                sink,
+            );
+        }
         self.step(
             Input::Created {
                 id,
