@@ -13,6 +13,7 @@
 //! - [`install_executable`]: copy a program that a test will run without
 //!   this multi-threaded process ever holding it open for writing (the
 //!   `ETXTBSY` race).
+//! - [`wait_until`]: wait for a condition, with a deadline.
 //! - [`cri::CriNode`]: a real CRI node (containerd 1.7 with NRI, on private
 //!   sockets) and a kubelet-like CRI client.
 #![deny(missing_docs)]
@@ -24,6 +25,37 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
+
+/// Waits until `cond` holds, looking every 5 ms, for at most `timeout`,
+/// and returns how long that took. Panics with `what()` (built only then)
+/// if it never does. A test waits for a condition with a deadline, never
+/// for a fixed time: what another process or thread produces can lag on a
+/// loaded machine.
+///
+/// ```
+/// use std::time::Duration;
+/// let start = std::time::Instant::now();
+/// lookout_testsupport::wait_until(
+///     Duration::from_secs(5),
+///     || start.elapsed() > Duration::from_millis(20),
+///     || "time never passed".into(),
+/// );
+/// ```
+#[track_caller]
+pub fn wait_until(
+    timeout: std::time::Duration,
+    mut cond: impl FnMut() -> bool,
+    what: impl FnOnce() -> String,
+) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while !cond() {
+        if start.elapsed() > timeout {
+            panic!("not within {timeout:?}: {}", what());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    start.elapsed()
+}
 
 /// Whether we run under CI (`CI` set to anything but `false`/`0`/empty).
 pub fn in_ci() -> bool {

@@ -38,16 +38,32 @@ impl Output {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
+    #[track_caller]
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "agent never logged {needle:?}:\n{}",
+        lookout_testsupport::wait_until(
+            timeout,
+            || self.log().contains(needle),
+            || format!("agent never logged {needle:?}:\n{}", self.log()),
+        );
+    }
+
+    /// Waits for a log line that contains every one of `needles`.
+    #[track_caller]
+    pub fn wait_log_line(&self, needles: &[&str], timeout: Duration) {
+        lookout_testsupport::wait_until(
+            timeout,
+            || {
                 self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+                    .lines()
+                    .any(|l| needles.iter().all(|n| l.contains(n)))
+            },
+            || {
+                format!(
+                    "agent never logged a line with {needles:?}:\n{}",
+                    self.log()
+                )
+            },
+        );
     }
 
     /// Events about container `id`.
@@ -60,24 +76,25 @@ impl Output {
     }
 
     /// Waits for an `event` ("added"/"removed") about `id`.
+    #[track_caller]
     pub fn wait_event(&self, id: &str, event: &str, timeout: Duration) -> Value {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(e) = self
-                .events_for(id)
+        let find = || {
+            self.events_for(id)
                 .into_iter()
                 .find(|e| e["event"] == event)
-            {
-                return e;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {event} event for {id} within {timeout:?}; events: {:?}\nlog:\n{}",
-                self.events_for(id),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        };
+        lookout_testsupport::wait_until(
+            timeout,
+            || find().is_some(),
+            || {
+                format!(
+                    "no {event} event for {id}; events: {:?}\nlog:\n{}",
+                    self.events_for(id),
+                    self.log()
+                )
+            },
+        );
+        find().expect("found just now")
     }
 }
 
@@ -268,7 +285,34 @@ pub struct Runtime {
     /// The copy, named like the original (the agent tells runtimes apart
     /// by file name).
     pub path: PathBuf,
+    /// The ids of the containers `create`d or `run` through
+    /// [`Runtime::run`]: deleted on drop, so that a test that fails midway
+    /// leaves no container running.
+    made: Mutex<Vec<String>>,
     _dir: tempfile::TempDir,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let made = std::mem::take(self.made.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let Some(name) = self.path.file_name() else {
+            return;
+        };
+        // Only those still in the default root: a test deletes its own.
+        let root = Path::new("/run").join(name);
+        for id in made {
+            // Nothing here may panic: this can run while a test unwinds.
+            if root.join(&id).exists() {
+                let _ = self
+                    .command()
+                    .args(["delete", "--force", &id])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
 }
 
 impl Runtime {
@@ -291,7 +335,11 @@ impl Runtime {
         let path = dir.path().join(name);
         lookout_testsupport::install_executable(original, &path)
             .unwrap_or_else(|e| panic!("copy {} to {}: {e}", original.display(), path.display()));
-        Runtime { path, _dir: dir }
+        Runtime {
+            path,
+            made: Mutex::new(Vec::new()),
+            _dir: dir,
+        }
     }
 
     /// The agent's arguments to watch only `rt` (nothing for `None`).
@@ -315,6 +363,12 @@ impl Runtime {
     /// pipe would be inherited by the container process and never reach
     /// EOF.
     pub fn run(&self, args: &[&str]) -> std::process::Output {
+        if let (Some(&"create" | &"run"), Some(id)) = (args.first(), args.last()) {
+            self.made
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((*id).to_owned());
+        }
         let err = tempfile::NamedTempFile::new().expect("stderr file");
         let status = self
             .command()
