@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lookout_testsupport::{bundle, require_program, require_root};
+use lookout_testsupport::{bundle, require_program, require_root, wait_until};
 use serde_json::Value;
 
 mod common;
@@ -268,15 +268,11 @@ fn an_id_used_again_before_the_old_exit_is_handled_is_reported_again() {
             .count()
     };
     let wait_count = |kind: &str, n: usize| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while count(kind) < n {
-            assert!(
-                Instant::now() < deadline,
-                "{n} {kind} for {id}: {:?}",
-                agent.events_for(&id)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(
+            Duration::from_secs(10),
+            || count(kind) >= n,
+            || format!("{n} {kind} for {id}: {:?}", agent.events_for(&id)),
+        );
     };
     rt.ok(&["create", "--bundle", bs, &id]);
     rt.ok(&["start", &id]);
@@ -297,14 +293,16 @@ fn an_id_used_again_before_the_old_exit_is_handled_is_reported_again() {
         unsafe { libc::kill(agent_pid as i32, libc::SIGSTOP) };
         wait_all_threads_stopped(agent_pid);
         std::fs::write(&go, b"").expect("let the init end");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(format!("/proc/{old}/stat")).is_ok_and(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, r)| !r.starts_with('Z'))
-        }) {
-            assert!(Instant::now() < deadline, "the init {old} did not end");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            Duration::from_secs(10),
+            || {
+                !std::fs::read_to_string(format!("/proc/{old}/stat")).is_ok_and(|s| {
+                    s.rsplit_once(") ")
+                        .is_some_and(|(_, r)| !r.starts_with('Z'))
+                })
+            },
+            || format!("the init {old} did not end"),
+        );
         side.ok(&["delete", &id]);
         std::fs::remove_file(&go).expect("the next init waits");
         // Through a shell: spawn() waits until its child's exec is
@@ -338,6 +336,50 @@ fn an_id_used_again_before_the_old_exit_is_handled_is_reported_again() {
     wait_count("removed", ROUNDS + 1);
     rt.cleanup(&id);
     assert_eq!((count("added"), count("removed")), (ROUNDS + 1, ROUNDS + 1));
+}
+
+#[test]
+fn a_run_that_runc_refuses_reports_no_dead_container_again() {
+    if !ready("run_refused") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8");
+    let agent = Agent::start(&rt, &[]);
+    let id = id("run-refused");
+    // A container that ran and stopped, and is not deleted: its state is
+    // still there, naming an init that is gone.
+    rt.ok(&["run", "-d", "--bundle", bs, &id]);
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    // runc refuses a second `run` of the id. The agent's run watcher sees
+    // the old state at once; it must not take it for this run's container.
+    let refused = rt.run(&["run", "-d", "--bundle", bs, &id]);
+    assert!(!refused.status.success(), "runc ran an id that exists");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("exists"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // The watcher ends with its `run` process, and says so.
+    agent.wait_log_line(
+        &["`run` ended without a container", &id],
+        Duration::from_secs(10),
+    );
+    assert!(
+        agent
+            .log()
+            .contains("`run` of an id whose old state is still there"),
+        "the watcher saw the old state"
+    );
+    rt.cleanup(&id);
+    let kinds: Vec<String> = agent
+        .events_for(&id)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(kinds, ["added", "removed"], "reported once");
 }
 
 /// Waits until process `pid` sleeps in fanotify's permission wait.

@@ -13,7 +13,7 @@
 //!   (none) ───────────▶ pending ─────────────────────────────────▶ resolving
 //!                          │ Sweep (older than the TTL)                 │ Resolved(Some)
 //!                          ▼                                            ▼
-//!                       (none)          Exited(same pid) / Deleted    tracked
+//!                       (none)        Exited(same watch) / Deleted    tracked
 //!                                    ◀────────────────────────────────  │
 //!   Found (a state scan) ──────────────────────────────────────────────▶┘
 //! ```
@@ -60,6 +60,9 @@ pub(crate) struct Pending {
     pub status: Status,
     /// When the `create` was seen.
     pub since: Instant,
+    /// A `run` process's start time (clock ticks since boot), read while
+    /// its exec was held: the container it makes starts later.
+    pub started: Option<u64>,
 }
 
 /// What the hook learned.
@@ -94,9 +97,13 @@ pub(crate) enum Input<P> {
     /// Containers found in the state directories (a scan or a
     /// reconciliation).
     Found(Vec<Container>),
-    /// The init process `pid` of `id` exited, with `code` when known.
+    /// The init process `pid` of `id` exited, with `code` when known, as
+    /// exit watch `watch` ([`Effect::WatchExit`]) saw. Only the container
+    /// that watch was for ends: a late notice of an earlier container with
+    /// the same id (and even the same pid) ends nothing.
     Exited {
         id: String,
+        watch: u64,
         pid: u32,
         code: Option<i32>,
     },
@@ -121,8 +128,8 @@ pub(crate) enum Effect<P> {
         seen: Option<Observed>,
     },
     /// Watch the exit of `pid`, the init of `id`, and step
-    /// [`Input::Exited`] when it comes.
-    WatchExit { id: String, pid: u32 },
+    /// [`Input::Exited`] with this `watch` when it comes.
+    WatchExit { id: String, pid: u32, watch: u64 },
     /// Hand this event to the sink.
     Emit(ContainerEvent),
     /// Let a held `create` or `run` exec go on: its container is
@@ -139,6 +146,8 @@ pub(crate) enum Effect<P> {
         pid: u32,
         runtime: RuntimeKind,
         root: PathBuf,
+        /// The `run` process's start time, if known.
+        started: Option<u64>,
     },
     /// Let the held `start` of `id` go on (after its start barrier).
     /// `pid` is the container's init, to kill if the barrier denies it.
@@ -149,6 +158,16 @@ pub(crate) enum Effect<P> {
     },
 }
 
+/// A reported container with a live init.
+#[derive(Debug)]
+struct Tracked {
+    /// The record its `added` carried (one allocation, shared with the
+    /// event and whoever keeps it).
+    record: Arc<Container>,
+    /// The exit watch that ends it: a number no other container gets.
+    watch: u64,
+}
+
 /// The containers the hook knows, by id, in the three states.
 #[derive(Debug)]
 pub(crate) struct Lifecycle<P> {
@@ -156,9 +175,10 @@ pub(crate) struct Lifecycle<P> {
     pending: HashMap<String, Pending>,
     /// Their pid is being read; the `start`s that wait for the report.
     resolving: HashMap<String, Vec<P>>,
-    /// Reported, with a live init: the record its `added` carried (one
-    /// allocation, shared with the event and whoever keeps it).
-    tracked: HashMap<String, Arc<Container>>,
+    /// Reported, with a live init.
+    tracked: HashMap<String, Tracked>,
+    /// The number the next [`Effect::WatchExit`] gets.
+    next_watch: u64,
     /// How many tracked containers have each init pid.
     pids: HashMap<u32, u32>,
     /// How many pids more than one tracked container has ([`Lifecycle::shared_pids`]).
@@ -171,6 +191,7 @@ impl<P> Default for Lifecycle<P> {
             pending: HashMap::new(),
             resolving: HashMap::new(),
             tracked: HashMap::new(),
+            next_watch: 0,
             pids: HashMap::new(),
             shared: Arc::new(AtomicUsize::new(0)),
         }
@@ -188,17 +209,34 @@ impl<P> Lifecycle<P> {
 
     /// The reported containers.
     pub fn tracked(&self) -> impl Iterator<Item = &Container> {
-        self.tracked.values().map(|c| &**c)
+        self.tracked.values().map(|t| &*t.record)
+    }
+
+    /// The exit watch of tracked container `id`.
+    pub fn tracked_watch(&self, id: &str) -> Option<u64> {
+        self.tracked.get(id).map(|t| t.watch)
+    }
+
+    /// The tracked containers' ids and exit watches.
+    pub fn tracked_watches(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.tracked.iter().map(|(id, t)| (id.as_str(), t.watch))
+    }
+
+    /// Whether a tracked container has init `pid`.
+    pub fn holds_pid(&self, pid: u32) -> bool {
+        self.pids.contains_key(&pid)
     }
 
     /// The init pid of tracked container `id`.
     pub fn tracked_pid(&self, id: &str) -> Option<u32> {
-        self.tracked.get(id).and_then(|c| c.pid)
+        self.tracked.get(id).and_then(|t| t.record.pid)
     }
 
     /// Whether `id` is tracked and runs in a sandbox (its `delete` matters).
     pub fn is_sandboxed(&self, id: &str) -> bool {
-        self.tracked.get(id).is_some_and(|c| c.sandbox.is_some())
+        self.tracked
+            .get(id)
+            .is_some_and(|t| t.record.sandbox.is_some())
     }
 
     /// How many init pids more than one tracked container shares, kept
@@ -241,9 +279,9 @@ impl<P> Lifecycle<P> {
 
     /// Stops tracking `id`; returns its record.
     fn untrack(&mut self, id: &str) -> Option<Arc<Container>> {
-        let c = self.tracked.remove(id)?;
-        self.release_pid(c.pid);
-        Some(c)
+        let t = self.tracked.remove(id)?;
+        self.release_pid(t.record.pid);
+        Some(t.record)
     }
 
     /// How many containers are pending, resolving and tracked.
@@ -278,6 +316,7 @@ impl<P> Lifecycle<P> {
                         pid,
                         runtime: pending.runtime.clone(),
                         root: pending.root.clone(),
+                        started: pending.started,
                     },
                     _ => Effect::WatchCreate {
                         id: id.clone(),
@@ -302,7 +341,7 @@ impl<P> Lifecycle<P> {
                 } else if self.pending.contains_key(&id) {
                     self.resolve(id, perm, None, &mut out);
                 } else if let Some(perm) = perm {
-                    let pid = self.tracked.get(&id).and_then(|c| c.pid);
+                    let pid = self.tracked_pid(&id);
                     out.push(Effect::ReleaseStart { id, pid, perm });
                 }
             }
@@ -313,7 +352,7 @@ impl<P> Lifecycle<P> {
                     && let Some(p) = c.pid
                 {
                     pid = Some(p);
-                    let known = self.tracked.get(&id).and_then(|t| t.pid) == Some(p);
+                    let known = self.tracked_pid(&id) == Some(p);
                     if !known {
                         self.track(c, p, Source::RuntimeHook, &mut out);
                     }
@@ -336,8 +375,10 @@ impl<P> Lifecycle<P> {
                     }
                 }
             }
-            Input::Exited { id, pid, code } => {
-                if self.tracked.get(&id).and_then(|c| c.pid) == Some(pid)
+            Input::Exited {
+                id, watch, code, ..
+            } => {
+                if self.tracked_watch(&id) == Some(watch)
                     && let Some(c) = self.untrack(&id)
                 {
                     out.push(Effect::Emit(ContainerEvent::removed(
@@ -352,10 +393,14 @@ impl<P> Lifecycle<P> {
                 // pod on runsc) has no process of its own on the host: the
                 // sandbox outlives it, so its exit cannot be seen. Its
                 // deletion is the last word on it.
-                let shares = self.tracked.get(&id).is_some_and(|c| {
+                let shares = self.tracked.get(&id).is_some_and(|t| {
+                    let c = &t.record;
                     c.sandbox.is_some()
                         && c.pid.is_some()
-                        && self.tracked.values().any(|o| o.id != id && o.pid == c.pid)
+                        && self
+                            .tracked
+                            .values()
+                            .any(|o| o.record.id != id && o.record.pid == c.pid)
                 });
                 if shares && let Some(c) = self.untrack(&id) {
                     out.push(Effect::Emit(ContainerEvent::removed(
@@ -386,7 +431,7 @@ impl<P> Lifecycle<P> {
         }
         let Some(pending) = self.pending.remove(&id) else {
             if let Some(perm) = perm {
-                let pid = self.tracked.get(&id).and_then(|c| c.pid);
+                let pid = self.tracked_pid(&id);
                 out.push(Effect::ReleaseStart { id, pid, perm });
             }
             return;
@@ -397,14 +442,21 @@ impl<P> Lifecycle<P> {
     }
 
     fn track(&mut self, c: Container, pid: u32, source: Source, out: &mut Vec<Effect<P>>) {
+        let watch = self.next_watch;
+        self.next_watch += 1;
         out.push(Effect::WatchExit {
             id: c.id.clone(),
             pid,
+            watch,
         });
         let c = Arc::new(c);
         self.hold_pid(c.pid);
-        if let Some(old) = self.tracked.insert(c.id.clone(), Arc::clone(&c)) {
-            self.release_pid(old.pid);
+        let tracked = Tracked {
+            record: Arc::clone(&c),
+            watch,
+        };
+        if let Some(old) = self.tracked.insert(c.id.clone(), tracked) {
+            self.release_pid(old.record.pid);
         }
         out.push(Effect::Emit(ContainerEvent::added(source, c)));
     }
@@ -438,6 +490,7 @@ mod tests {
             config: None,
             status: Status::Created,
             since: at,
+            started: None,
         }
     }
 
@@ -459,6 +512,16 @@ mod tests {
         assert_eq!(trace(&e), [format!("watch-create:{id}:100")]);
     }
 
+    /// The exit of tracked `id`'s init, as its exit watch reports it.
+    fn exited(l: &L, id: &str, code: Option<i32>) -> Input<u32> {
+        Input::Exited {
+            id: id.into(),
+            watch: l.tracked_watch(id).expect("tracked"),
+            pid: l.tracked_pid(id).expect("a pid"),
+            code,
+        }
+    }
+
     /// A compact trace of effects: `resolve:a`, `watch:a:7`,
     /// `added:a`/`removed:a`, `start:a:<perm>`.
     fn trace(effects: &[Effect<u32>]) -> Vec<String> {
@@ -468,7 +531,7 @@ mod tests {
                 Effect::Resolve { id, seen, .. } => {
                     format!("resolve:{id}{}", if seen.is_some() { ":seen" } else { "" })
                 }
-                Effect::WatchExit { id, pid } => format!("watch:{id}:{pid}"),
+                Effect::WatchExit { id, pid, .. } => format!("watch:{id}:{pid}"),
                 Effect::Emit(ev) => {
                     let kind = match ev.event {
                         EventKind::Added => "added",
@@ -522,17 +585,13 @@ mod tests {
                 _ => None,
             })
             .expect("added");
-        let kept = l.tracked.get("a").expect("tracked");
+        let kept = &l.tracked.get("a").expect("tracked").record;
         assert!(
             Arc::ptr_eq(kept, &added),
             "the table and the event share one record, not two copies"
         );
         drop(e);
-        let e = l.step(Input::Exited {
-            id: "a".into(),
-            pid: 7,
-            code: Some(0),
-        });
+        let e = l.step(exited(&l, "a", Some(0)));
         let removed = e
             .iter()
             .find_map(|e| match e {
@@ -663,18 +722,24 @@ mod tests {
     }
 
     #[test]
-    fn exit_removes_only_the_same_pid() {
+    fn an_exit_ends_only_the_container_its_watch_was_for() {
         let (mut l, _) = (L::default(), Instant::now());
         l.step(Input::Found(vec![container("a", 7)]));
-        // A stale exit (a reused id with another pid) changes nothing.
+        let watch = l.tracked_watch("a").expect("tracked");
+        // Another watch's exit (an earlier container with this id), even
+        // with the same pid, changes nothing.
+        for other in [watch + 1, watch.wrapping_sub(1)] {
+            let e = l.step(Input::Exited {
+                id: "a".into(),
+                watch: other,
+                pid: 7,
+                code: Some(1),
+            });
+            assert!(e.is_empty(), "{:?}", trace(&e));
+        }
         let e = l.step(Input::Exited {
             id: "a".into(),
-            pid: 6,
-            code: Some(1),
-        });
-        assert!(e.is_empty());
-        let e = l.step(Input::Exited {
-            id: "a".into(),
+            watch,
             pid: 7,
             code: Some(3),
         });
@@ -688,6 +753,7 @@ mod tests {
         assert!(
             l.step(Input::Exited {
                 id: "a".into(),
+                watch,
                 pid: 7,
                 code: None
             })
@@ -745,11 +811,7 @@ mod tests {
         l.step(Input::Found(vec![container("side", 5)]));
         assert_eq!(shared(), 1, "side joins pod on pid 5");
         for id in ["pod", "side"] {
-            let e = l.step(Input::Exited {
-                id: id.into(),
-                pid: 5,
-                code: None,
-            });
+            let e = l.step(exited(&l, id, None));
             assert_eq!(trace(&e), [format!("removed:{id}")]);
         }
         assert_eq!(shared(), 0);
@@ -797,13 +859,10 @@ mod tests {
     fn an_id_used_again_after_its_exit_is_a_new_container() {
         let (mut l, now) = (L::default(), Instant::now());
         l.step(Input::Found(vec![container("a", 7)]));
+        let old = l.tracked_watch("a").expect("tracked");
         // What the hook's task steps when the create comes before the
         // notice of the old init's exit: that exit, then the create.
-        let e = l.step(Input::Exited {
-            id: "a".into(),
-            pid: 7,
-            code: None,
-        });
+        let e = l.step(exited(&l, "a", None));
         assert_eq!(trace(&e), ["removed:a"]);
         let e = l.step(Input::Created {
             id: "a".into(),
@@ -814,18 +873,22 @@ mod tests {
         assert_eq!(trace(&e), ["allow:3", "watch-create:a:100"]);
         let e = l.step(Input::CreateExited { id: "a".into() });
         assert_eq!(trace(&e), ["resolve:a"]);
+        // The new init even has the old one's pid (reused).
         l.step(Input::Resolved {
             id: "a".into(),
-            container: Some(container("a", 8)),
+            container: Some(container("a", 7)),
         });
+        assert_ne!(l.tracked_watch("a"), Some(old), "a watch of its own");
         // The old exit's own notice, handled late, ends nothing new.
         let e = l.step(Input::Exited {
             id: "a".into(),
+            watch: old,
             pid: 7,
             code: None,
         });
         assert!(e.is_empty(), "{:?}", trace(&e));
-        assert_eq!(l.tracked_pid("a"), Some(8));
+        assert_eq!(l.tracked_pid("a"), Some(7));
+        assert!(l.tracked_watch("a").is_some(), "still tracked");
     }
 
     #[test]

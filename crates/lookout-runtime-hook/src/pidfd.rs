@@ -2,6 +2,7 @@
 //! (Linux 5.3) becomes readable when the process exits.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -21,9 +22,10 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 ///
 /// # Cancel safety
 /// Cancel safe; dropping the future closes nothing but the registration.
-pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
-    // SAFETY: `OwnedFd` owns the fd and returns it unchanged from
-    // `as_raw_fd` for as long as the AsyncFd holds it.
+pub async fn wait_exit(pidfd: impl Into<Arc<OwnedFd>>) -> std::io::Result<()> {
+    let pidfd: Arc<OwnedFd> = pidfd.into();
+    // SAFETY: the `Arc<OwnedFd>` keeps the fd open, and returns it
+    // unchanged from `as_raw_fd`, for as long as the AsyncFd holds it.
     let afd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
         .map_err(std::io::Error::from)?;
     let guard = afd.readable().await?;
@@ -36,13 +38,17 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
 /// gone already. The pidfd is opened now (not when the future is first
 /// polled), so that a pid reused meanwhile is never waited for.
 pub fn exit_of(pid: u32) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let fd = pidfd_open(pid).ok();
-    async move {
-        if let Some(fd) = fd {
-            // A registration that fails counts as an exit: the caller
-            // rechecks what it tracks, and never waits forever.
-            let _ = wait_exit(fd).await;
-        }
+    exit_of_fd(pidfd_open(pid).ok().map(Arc::new))
+}
+
+/// A future that completes when the process behind `fd` exits, or at once
+/// without one (the open failed: counted as an exit, see [`exit_of`]).
+/// The caller may keep a clone of `fd` to ask [`has_exited`] meanwhile.
+pub async fn exit_of_fd(fd: Option<Arc<OwnedFd>>) {
+    if let Some(fd) = fd {
+        // A registration that fails counts as an exit: the caller rechecks
+        // what it tracks, and never waits forever.
+        let _ = wait_exit(fd).await;
     }
 }
 
@@ -55,17 +61,6 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
         nix::poll::PollFlags::POLLIN,
     )];
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
-}
-
-/// Whether process `pid` has exited (reaped, or a zombie), without
-/// waiting. A pid that cannot be opened for another reason (no descriptor
-/// left) counts as alive: the caller keeps what it believed. A pid reused
-/// by another process counts as alive too.
-pub fn pid_has_exited(pid: u32) -> bool {
-    match pidfd_open(pid) {
-        Ok(fd) => has_exited(&fd),
-        Err(e) => e.raw_os_error() == Some(libc::ESRCH),
-    }
 }
 
 /// A process held by a pidfd: a signal sent through it reaches the
@@ -117,16 +112,18 @@ mod tests {
             .arg("30")
             .spawn()
             .expect("run sleep");
-        let pid = child.id();
-        assert!(!super::pid_has_exited(pid), "alive");
+        let fd = super::pidfd_open(child.id()).expect("pidfd_open");
+        assert!(!super::has_exited(&fd), "alive");
         child.kill().expect("kill");
         // kill(2) returns before the child has died: a zombie soon.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !super::pid_has_exited(pid) && Instant::now() < deadline {
+        while !super::has_exited(&fd) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(super::pid_has_exited(pid), "a zombie has exited");
+        assert!(super::has_exited(&fd), "a zombie has exited");
         child.wait().expect("reap");
-        assert!(super::pid_has_exited(pid), "reaped: gone");
+        // The pidfd names the process it was opened for, not its pid: once
+        // reaped, it stays exited whatever reuses the number.
+        assert!(super::has_exited(&fd), "reaped: still exited");
     }
 }

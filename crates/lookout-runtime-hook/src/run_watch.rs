@@ -37,19 +37,21 @@ pub(crate) enum RunSeen {
 }
 
 /// Watches `root` (a path this process opens) for `id`'s state file while
-/// the `run` process `tgid` lives, for at most 30 s. Sends nothing when no
-/// trace of the container was seen (a `run` that failed).
+/// the `run` process `tgid` (started at `run_start`, clock ticks since
+/// boot) lives, for at most 30 s. Sends nothing when no trace of the
+/// container was seen (a `run` that failed).
 pub(crate) fn spawn(
     runtime: RuntimeKind,
     root: PathBuf,
     id: String,
     tgid: u32,
+    run_start: Option<u64>,
     tx: mpsc::Sender<RunSeen>,
 ) {
     let spawned = std::thread::Builder::new()
         .name(format!("lookout-run-{id}"))
         .spawn(move || {
-            if let Some(seen) = watch(&runtime, &root, &id, tgid) {
+            if let Some(seen) = watch(&runtime, &root, &id, tgid, run_start) {
                 let _ = tx.blocking_send(seen);
             }
         });
@@ -58,7 +60,13 @@ pub(crate) fn spawn(
     }
 }
 
-fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> Option<RunSeen> {
+fn watch(
+    runtime: &RuntimeKind,
+    root: &std::path::Path,
+    id: &str,
+    tgid: u32,
+    run_start: Option<u64>,
+) -> Option<RunSeen> {
     let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok();
     let dir = root.join(id);
     let state = state_file(runtime, root, id);
@@ -74,6 +82,9 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
     // Whether the container's directory (runsc: a file named after it)
     // was ever seen: a `run` that ends without one made nothing.
     let mut traced = false;
+    // Whether the state read was an earlier container's: its directory is
+    // then no trace of this run's.
+    let mut old = false;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(ino) = &ino {
@@ -88,17 +99,31 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
             }
         }
         // Check after arming the watches: nothing written before is missed.
-        traced |= dir.is_dir();
+        let exists = dir.is_dir();
         if (runsc || state.exists())
             && let Ok(s) = read_state(runtime, root, id)
         {
-            return Some(RunSeen::Observed(Observed {
-                id: id.to_owned(),
-                pid: s.pid,
-                namespaces: proc::namespaces(s.pid),
-                cgroup: proc::cgroup(s.pid),
-            }));
+            if !left_before(s.start_time, run_start) {
+                return Some(RunSeen::Observed(Observed {
+                    id: id.to_owned(),
+                    pid: s.pid,
+                    namespaces: proc::namespaces(s.pid),
+                    cgroup: proc::cgroup(s.pid),
+                }));
+            }
+            // A stopped container not deleted yet: runc refuses this `run`
+            // ("container with id exists"), unless the old one is deleted
+            // first, which the root's watch sees.
+            if !old {
+                tracing::debug!(
+                    id,
+                    pid = s.pid,
+                    "`run` of an id whose old state is still there"
+                );
+            }
+            old = true;
         }
+        traced |= exists && !old;
         if Instant::now() > deadline || !std::path::Path::new(&format!("/proc/{tgid}")).exists() {
             return traced.then_some(RunSeen::Vanished);
         }
@@ -111,15 +136,50 @@ fn watch(runtime: &RuntimeKind, root: &std::path::Path, id: &str, tgid: u32) -> 
                 // A directory (or runsc file) named after the container
                 // that came and went between two looks.
                 if let Ok(events) = ino.read_events() {
-                    traced |= events.iter().any(|e| {
+                    let made = events.iter().any(|e| {
                         e.name.as_deref().is_some_and(|n| {
                             let n = n.to_string_lossy();
                             n == id || (runsc && n.contains(id))
                         })
                     });
+                    if made {
+                        traced = true;
+                        // Made anew (the old one deleted): watch the new
+                        // directory; its state is judged as any other.
+                        dir_watched = false;
+                        old = false;
+                    }
                 }
             }
             _ => std::thread::sleep(Duration::from_millis(1)),
         }
+    }
+}
+
+/// Whether a state whose init started at `state_start` (clock ticks since
+/// boot) was left by an earlier container with the same id, and not made
+/// by the `run` process that started at `run_start`: a container's init is
+/// forked after the `run` that makes it. Unknown start times count as this
+/// run's, as before this check. runsc's state has none: the sandbox's
+/// start time from /proc would not do, since a `run` that joins an existing
+/// sandbox makes a new container in an older sandbox.
+fn left_before(state_start: Option<u64>, run_start: Option<u64>) -> bool {
+    matches!((state_start, run_start), (Some(init), Some(run)) if init < run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::left_before;
+
+    #[test]
+    fn a_state_is_old_only_when_its_init_started_before_the_run() {
+        assert!(left_before(Some(99), Some(100)), "older: left before");
+        assert!(!left_before(Some(100), Some(100)), "same tick: this run's");
+        assert!(!left_before(Some(101), Some(100)));
+        // No start time in the state (runsc), or none for the `run`
+        // (fanotify-only mode, the process gone before it was read): no
+        // judgement, reported as before.
+        assert!(!left_before(None, Some(100)));
+        assert!(!left_before(Some(1), None));
     }
 }

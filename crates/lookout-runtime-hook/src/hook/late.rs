@@ -152,6 +152,9 @@ impl RuntimeHook {
     /// state directories hold that nobody reported.
     pub(super) fn reconcile(&mut self, sink: &mut dyn Sink) {
         let unread = self.unread.take();
+        // A container made anew with the id of one whose exit notice is
+        // still queued would be skipped as known.
+        self.end_all_exited(sink);
         let found = self.scan_untracked();
         for c in &found {
             self.counters.count_recovered();

@@ -1,6 +1,8 @@
 //! The runtime hook: one fanotify group with `FAN_OPEN_EXEC_PERM` marks on
 //! the runtime binaries, BPF argv capture, and the container state machine.
 
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -222,9 +224,26 @@ enum Notice {
     CreateRead(Box<CreateRead>),
 }
 
+/// An exit watch of a tracked container.
+struct ExitWatch {
+    /// The pidfd it waits on (`None`: it could not be opened, and the
+    /// watch's notice comes at once). Kept to ask whether an init has
+    /// exited before the notice of its exit is handled
+    /// ([`RuntimeHook::end_if_exited`]); a pidfd names its process, never
+    /// one that reused the pid.
+    fd: Option<Arc<OwnedFd>>,
+    /// The task that waits: stopped when its container ends otherwise (a
+    /// `delete` in a shared sandbox), so that it does not hold a pidfd
+    /// until the whole sandbox exits.
+    task: tokio::task::AbortHandle,
+}
+
 /// A `create` or `run` whose config.json was being read.
 struct CreateRead {
     pid: u32,
+    /// `run`'s start time (clock ticks since boot), read while its exec was
+    /// held.
+    started: Option<u64>,
     inv: Invocation,
     perm: Option<Held>,
     cwd: Option<PathBuf>,
@@ -240,6 +259,9 @@ pub struct RuntimeHook {
     capture: Option<ExecCapture>,
     /// Pending, resolving and tracked containers.
     lifecycle: Lifecycle<Held>,
+    /// The exit watches of tracked containers, by watch
+    /// ([`Effect::WatchExit`]).
+    exits: HashMap<u64, ExitWatch>,
     notices_tx: mpsc::Sender<Notice>,
     notices_rx: mpsc::Receiver<Notice>,
     counters: Arc<Counters>,
@@ -338,6 +360,7 @@ impl RuntimeHook {
             group,
             capture,
             lifecycle,
+            exits: HashMap::new(),
             notices_tx,
             notices_rx,
             counters,
@@ -438,6 +461,7 @@ impl RuntimeHook {
     /// directories (source `state-scan`). A pid whose start time does not
     /// match the state file (pid reuse) is skipped.
     pub fn scan(&mut self, sink: &mut dyn Sink) {
+        self.end_all_exited(sink);
         let found = self.scan_untracked();
         self.step(Input::Found(found), sink);
     }
@@ -516,19 +540,22 @@ impl RuntimeHook {
         for effect in self.lifecycle.step(input) {
             match effect {
                 Effect::Resolve { id, pending, seen } => self.spawn_resolve(id, pending, seen),
-                Effect::WatchExit { id, pid } => {
+                Effect::WatchExit { id, pid, watch } => {
                     if let Some(cap) = self.capture.as_mut() {
                         cap.watch_exit(pid);
                     }
-                    let exited = pidfd::exit_of(pid);
-                    self.notify_after(async move {
+                    let fd = pidfd::pidfd_open(pid).ok().map(Arc::new);
+                    let exited = pidfd::exit_of_fd(fd.clone());
+                    let task = self.notify_after(async move {
                         exited.await;
                         Input::Exited {
                             id,
+                            watch,
                             pid,
                             code: None,
                         }
                     });
+                    self.exits.insert(watch, ExitWatch { fd, task });
                 }
                 Effect::Emit(event) => sink.emit(event),
                 Effect::Allow(perm) => perm.allow(),
@@ -544,12 +571,13 @@ impl RuntimeHook {
                     pid,
                     runtime,
                     root,
+                    started,
                 } => {
                     // `run` creates and starts in one process: catch the
                     // state file while the container lives.
                     let (tx, mut rx) = mpsc::channel(1);
                     let root = lookout_host::host_path(&self.config.host_root, &root);
-                    crate::run_watch::spawn(runtime.clone(), root, id.clone(), pid, tx);
+                    crate::run_watch::spawn(runtime.clone(), root, id.clone(), pid, started, tx);
                     let notices = self.notices_tx.clone();
                     let counters = Arc::clone(&self.counters);
                     tokio::spawn(async move {
@@ -580,11 +608,15 @@ impl RuntimeHook {
     }
 
     /// Steps the input `input` resolves to, on this task, once it is ready.
-    fn notify_after(&self, input: impl std::future::Future<Output = Input<Held>> + Send + 'static) {
+    fn notify_after(
+        &self,
+        input: impl std::future::Future<Output = Input<Held>> + Send + 'static,
+    ) -> tokio::task::AbortHandle {
         let tx = self.notices_tx.clone();
         tokio::spawn(async move {
             let _ = tx.send(Notice::Step(Box::new(input.await))).await;
-        });
+        })
+        .abort_handle()
     }
 
     /// A runtime exec handed over by the permission thread.
@@ -635,6 +667,13 @@ impl RuntimeHook {
                 // holds only this exec, for at most the deadline); the
                 // exec goes on once it is noted (`Notice::CreateRead`).
                 let cwd = proc::cwd(pid);
+                // What tells a `run`'s container from an earlier one with
+                // its id (see `run_watch`): read while the exec is held,
+                // before the container can exist.
+                let started = match &inv.command {
+                    Command::Run(_) => proc::start_time(pid),
+                    _ => None,
+                };
                 let bundle = inv.bundle(cwd.as_deref());
                 let read = bundle.clone().map(|b| {
                     crate::oci::read_config_async(
@@ -667,6 +706,7 @@ impl RuntimeHook {
                     };
                     let notice = Notice::CreateRead(Box::new(CreateRead {
                         pid,
+                        started,
                         inv,
                         perm,
                         cwd,
@@ -737,6 +777,7 @@ impl RuntimeHook {
     fn on_create_read(&mut self, r: CreateRead, sink: &mut dyn Sink) {
         let CreateRead {
             pid,
+            started,
             inv,
             perm,
             cwd,
@@ -769,6 +810,7 @@ impl RuntimeHook {
             config,
             status,
             since: Instant::now(),
+            started,
         };
         // An id used again (`runc run` under a service manager, a script):
         // the container that had it ended, its init exited and it was
@@ -777,19 +819,7 @@ impl RuntimeHook {
         // and the exec comes first when this thread was not scheduled).
         // Ended first, or the lifecycle would take the new container for
         // the one it reported, and never watch it.
-        if let Some(old) = self.lifecycle.tracked_pid(&id)
-            && pidfd::pid_has_exited(old)
-        {
-            tracing::debug!(id, pid = old, "id used again before its exit was handled");
-            self.notice(
-                Notice::Step(Box::new(Input::Exited {
-                    id: id.clone(),
-                    pid: old,
-                    code: None,
-                })),
-                sink,
-            );
-        }
+        self.end_if_exited(&id, sink);
         self.step(
             Input::Created {
                 id,
@@ -799,6 +829,61 @@ impl RuntimeHook {
             },
             sink,
         );
+    }
+
+    /// Ends tracked container `id` now if its init has exited, though the
+    /// notice of that exit may still be queued (see `on_create_read`). The
+    /// notice, handled later, then ends nothing: it is for a watch no
+    /// longer tracked. Asks the watch's own pidfd, without waiting.
+    fn end_if_exited(&mut self, id: &str, sink: &mut dyn Sink) {
+        let (Some(watch), Some(pid)) = (
+            self.lifecycle.tracked_watch(id),
+            self.lifecycle.tracked_pid(id),
+        ) else {
+            return;
+        };
+        if !self.watch_saw_exit(watch) {
+            return;
+        }
+        tracing::debug!(
+            id,
+            pid,
+            "init exited before the notice of its exit was handled"
+        );
+        let exited = Input::Exited {
+            id: id.to_owned(),
+            watch,
+            pid,
+            code: None,
+        };
+        self.notice(Notice::Step(Box::new(exited)), sink);
+    }
+
+    /// Ends every tracked container whose init has exited (as
+    /// [`RuntimeHook::end_if_exited`]), before a scan of the state
+    /// directories: the scan skips the ids it knows, and a container made
+    /// anew with an id whose old exit is still queued would be skipped.
+    /// One `poll` per tracked container; scans are rare.
+    fn end_all_exited(&mut self, sink: &mut dyn Sink) {
+        let ended: Vec<String> = self
+            .lifecycle
+            .tracked_watches()
+            .filter(|&(_, watch)| self.watch_saw_exit(watch))
+            .map(|(id, _)| id.to_owned())
+            .collect();
+        for id in ended {
+            self.end_if_exited(&id, sink);
+        }
+    }
+
+    /// Whether the init behind exit watch `watch` has exited.
+    fn watch_saw_exit(&self, watch: u64) -> bool {
+        match self.exits.get(&watch).map(|w| &w.fd) {
+            Some(Some(fd)) => pidfd::has_exited(fd),
+            // No pidfd: its notice comes at once, and ends the container.
+            Some(None) => true,
+            None => false,
+        }
     }
 
     /// Remembers a `--root` for reconciliation scans.
@@ -815,17 +900,46 @@ impl RuntimeHook {
 
     fn notice(&mut self, n: Notice, sink: &mut dyn Sink) {
         match n {
-            Notice::Step(mut input) => {
-                // An exit's code is in the BPF capture by the time its
-                // exit is handled.
-                if let Input::Exited { pid, code, .. } = input.as_mut() {
-                    *code = self
-                        .capture
-                        .as_mut()
-                        .and_then(|cap| cap.take_exit_code(*pid));
+            Notice::Step(mut input) => match input.as_mut() {
+                Input::Exited {
+                    id,
+                    pid,
+                    code,
+                    watch,
+                } => {
+                    // An exit's code is in the BPF capture by the time its
+                    // exit is handled. Not for a late notice of an earlier
+                    // container, while a newer one has its pid (reused):
+                    // that code is the newer one's, to come.
+                    if self.lifecycle.tracked_watch(id) == Some(*watch)
+                        || !self.lifecycle.holds_pid(*pid)
+                    {
+                        *code = self
+                            .capture
+                            .as_mut()
+                            .and_then(|cap| cap.take_exit_code(*pid));
+                    }
+                    // Each watch is for one container: whether its exit
+                    // ends it now, or ended nothing (an earlier notice
+                    // did), the watch is done.
+                    self.exits.remove(watch);
+                    self.step(*input, sink);
                 }
-                self.step(*input, sink)
-            }
+                // A container in a shared sandbox ends with its delete; its
+                // watch would wait for the sandbox's exit.
+                Input::Deleted { id } => {
+                    let id = id.clone();
+                    let watch = self.lifecycle.tracked_watch(&id);
+                    self.step(*input, sink);
+                    if let Some(watch) = watch
+                        && self.lifecycle.tracked_watch(&id) != Some(watch)
+                        && let Some(w) = self.exits.remove(&watch)
+                    {
+                        w.task.abort();
+                    }
+                }
+                _ => self.step(*input, sink),
+            },
             Notice::CreateRead(r) => self.on_create_read(*r, sink),
             Notice::Late(late) => self.on_late(late, sink),
         }
