@@ -497,7 +497,7 @@ fn drop_page_cache(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn busybox_bundle(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("rootfs/bin"))?;
     lookout_testsupport::install_executable(
         Path::new("/bin/busybox"),

@@ -264,27 +264,58 @@ fn compile(
         format!("--remap-path-prefix={}=/build/src", root.display()),
         format!("--remap-path-prefix={}=/cargo", cargo_home.display()),
         format!("--remap-path-prefix={}=/build/target", target.display()),
+        crate::symbol_order::MANGLING.to_owned(),
     ]
     .join("\x1f");
-    let mut cmd = cargo();
-    cmd.args(["build", "-j2", "--release", "--locked"])
-        .args(["-p", "lookout-agent", "--bin", "lookout"])
-        .args(["--target", platform.triple])
-        .arg("--target-dir")
-        .arg(target)
-        .env_remove("RUSTFLAGS")
-        .env("CARGO_ENCODED_RUSTFLAGS", rustflags);
-    if let Some(prefix) = platform.cross {
-        let t = platform.triple.replace('-', "_");
-        cmd.env(
-            format!("CARGO_TARGET_{}_LINKER", t.to_uppercase()),
-            format!("{prefix}-gcc"),
-        )
-        .env(format!("CC_{t}"), format!("{prefix}-gcc"))
-        .env(format!("AR_{t}"), format!("{prefix}-ar"));
-    }
-    exec("image", &mut cmd, "read the compiler error above")?;
+    let cargo_cmd = |subcommand: &str| {
+        let mut cmd = cargo();
+        cmd.args([subcommand, "-j2", "--release", "--locked"])
+            .args(["-p", "lookout-agent", "--bin", "lookout"])
+            .args(["--target", platform.triple])
+            .arg("--target-dir")
+            .arg(target)
+            .env_remove("RUSTFLAGS")
+            .env("CARGO_ENCODED_RUSTFLAGS", &rustflags);
+        if let Some(prefix) = platform.cross {
+            let t = platform.triple.replace('-', "_");
+            cmd.env(
+                format!("CARGO_TARGET_{}_LINKER", t.to_uppercase()),
+                format!("{prefix}-gcc"),
+            )
+            .env(format!("CC_{t}"), format!("{prefix}-gcc"))
+            .env(format!("AR_{t}"), format!("{prefix}-ar"));
+        }
+        cmd
+    };
+    exec(
+        "image",
+        &mut cargo_cmd("build"),
+        "read the compiler error above",
+    )?;
     let binary = target.join(platform.triple).join("release/lookout");
+    // x86_64 (rust-lld): link again with the start-up code laid out
+    // together (see symbol_order.rs). Only the binary's own crate is
+    // compiled again.
+    if platform.cross.is_none()
+        && let Some((order, n)) = crate::symbol_order::linker_order(&binary, target)?
+    {
+        say("image", &format!("{n} functions laid out first"));
+        exec(
+            "image",
+            cargo_cmd("rustc")
+                .arg("--")
+                .args(crate::symbol_order::link_args(&order)),
+            "read the linker error above",
+        )?;
+        if !crate::symbol_order::is_laid_out(&binary, &order)? {
+            bail!(
+                "{} was not linked with {}: remove {} and build again",
+                binary.display(),
+                order.display(),
+                target.display()
+            );
+        }
+    }
 
     // The debug info stays beside the image, linked by name and CRC (the
     // same file name for every build: the link is part of the binary).

@@ -9,6 +9,7 @@ mod outside;
 mod public_api;
 mod repeat;
 mod run;
+mod symbol_order;
 mod test;
 mod util;
 mod vm;
@@ -48,6 +49,11 @@ enum Command {
     /// Check each published library's public API (rustdoc JSON, nightly)
     /// against xtask/public-api/<crate>.txt; `--bless` rewrites them.
     PublicApi(public_api::Options),
+    /// Run the agent with its binary out of the page cache and the disk's
+    /// readahead off (root), and write the functions that start-up and a
+    /// few containers touch to deploy/symbol-order.x86_64, which the
+    /// image's link lays out together.
+    SymbolOrder(symbol_order::Options),
     /// Boot Debian's own kernels (5.10, 6.1, 6.12; amd64 and arm64) under
     /// QEMU and run the image's agent there against each release's runc
     /// and crun; writes target/vm-test/report.json.
@@ -65,6 +71,7 @@ fn main() {
         Command::Image(o) => image::image(&o),
         Command::Outside(o) => outside::outside(&o),
         Command::PublicApi(o) => public_api::public_api(&o),
+        Command::SymbolOrder(o) => symbol_order::generate(&o),
         Command::VmTest(o) => vm::vm_test(&o),
     };
     if let Err(e) = result {

@@ -1,0 +1,445 @@
+//! The agent's start-up and per-container code laid out together in its
+//! binary (`cargo xtask symbol-order`, and the link step of `cargo xtask
+//! image`).
+//!
+//! Why: most of the idle agent's resident memory is its own binary's text.
+//! The kernel maps an executable's pages 64 KiB at a time around each page
+//! fault (fault-around), and the few thousand functions that start-up and a
+//! container run are scattered over 14 MB of text, so about 8 MB of it ends
+//! up resident although about 3 MB is ever executed. lld's
+//! `--symbol-ordering-file` puts listed functions first in `.text`, in the
+//! order given: the executed code then sits in a few hundred pages.
+//!
+//! The list (`deploy/symbol-order.x86_64`) is made on a running agent: its
+//! binary is dropped from the page cache and the disk's readahead turned
+//! off, so that each fault maps the one page it needs, and the pages
+//! resident after start-up and a few containers are exactly the ones
+//! touched. The functions on those pages are stored as 64-bit FNV-1a hashes
+//! of their demangled names without crate hashes (`{:#}`), so the list
+//! survives a toolchain or dependency update, and is mapped to the symbols
+//! of each build at link time. A function the list does not name is laid
+//! out as before: a stale list costs memory, never correctness.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::util::{is_root, output, say, workspace_root};
+
+/// The list for x86_64 builds, relative to the workspace root. (arm64's
+/// agent is linked by GNU ld, which has no `--symbol-ordering-file`.)
+pub const ORDER_FILE: &str = "deploy/symbol-order.x86_64";
+
+/// The symbol mangling every build that uses the list needs: v0 names keep
+/// a generic function's type arguments, so each instance has a name of its
+/// own (legacy names tell instances apart only by hash).
+pub const MANGLING: &str = "-Csymbol-mangling-version=v0";
+
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Containers run through the agent after start-up (their code is laid
+    /// out with it).
+    #[arg(long, default_value_t = 30)]
+    containers: u32,
+}
+
+/// A function in a binary: address, size, name.
+struct Symbol {
+    addr: u64,
+    size: u64,
+    name: String,
+}
+
+/// The text symbols of `binary`, by address (`nm`).
+fn text_symbols(binary: &Path) -> anyhow::Result<Vec<Symbol>> {
+    let out = output(
+        Command::new("nm")
+            .args(["-n", "-S", "--defined-only"])
+            .arg(binary),
+    )
+    .with_context(|| format!("nm {} (install binutils)", binary.display()))?;
+    let mut syms = Vec::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let [addr, size, kind, name] = f[..]
+            && matches!(kind, "t" | "T" | "w" | "W")
+            && let (Ok(addr), Ok(size)) =
+                (u64::from_str_radix(addr, 16), u64::from_str_radix(size, 16))
+        {
+            syms.push(Symbol {
+                addr,
+                size,
+                name: name.to_owned(),
+            });
+        }
+    }
+    Ok(syms)
+}
+
+/// What a symbol is known by in the list: its name without what changes
+/// from build to build, hashed (64-bit FNV-1a). For a v0 name, its crate
+/// hashes (`Cs<base-62>_`) go; the rest still tells apart two instances
+/// of a generic function with the same demangled name (instantiated in
+/// two crates). A legacy name (the standard library's own functions) loses
+/// its trailing hash, any name its `.llvm.<n>` suffix.
+fn key(symbol: &str) -> u64 {
+    let symbol = symbol.split_once(".llvm.").map_or(symbol, |(s, _)| s);
+    let stable = if symbol.starts_with("_R") {
+        without_crate_hashes(symbol)
+    } else if let Some(path) = symbol
+        .strip_suffix('E')
+        .and_then(|s| s.get(..s.len().checked_sub(19)?))
+        .filter(|_| symbol.starts_with("_ZN") && symbol[symbol.len() - 20..].starts_with("17h"))
+    {
+        format!("{path}E")
+    } else {
+        symbol.to_owned()
+    };
+    fnv(stable.as_bytes())
+}
+
+/// 64-bit FNV-1a.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `name` with every `Cs<base-62>_` made `Cs_`. (An identifier that
+/// itself holds such a run, `Cs9_x`, is changed too: two such names may
+/// share a key, which costs at most a function laid out with the hot ones.)
+fn without_crate_hashes(name: &str) -> String {
+    let b = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"Cs") {
+            let digits = b[i + 2..]
+                .iter()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .count();
+            if digits > 0 && b.get(i + 2 + digits) == Some(&b'_') {
+                out.push_str("Cs_");
+                i += 3 + digits;
+                continue;
+            }
+        }
+        out.push(char::from(b[i]));
+        i += 1;
+    }
+    out
+}
+
+/// The list's keys, in order. `None` when there is no list.
+fn read_list(root: &Path) -> anyhow::Result<Option<Vec<u64>>> {
+    let path = root.join(ORDER_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut keys = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        keys.push(
+            u64::from_str_radix(line, 16).with_context(|| {
+                format!("{}:{}: not a hex key: {line:?}", path.display(), n + 1)
+            })?,
+        );
+    }
+    Ok(Some(keys))
+}
+
+/// Writes the linker's ordering file for `binary` (a build of the same
+/// sources) into `dir`: the symbols the list names, in its order. Returns
+/// its path and how many symbols it names, or `None` when there is no list.
+/// The file is named after its contents: cargo tells link arguments apart,
+/// not the files they name, so a new list must be a new argument.
+pub fn linker_order(binary: &Path, dir: &Path) -> anyhow::Result<Option<(PathBuf, usize)>> {
+    let Some(keys) = read_list(&workspace_root())? else {
+        return Ok(None);
+    };
+    let rank: HashMap<u64, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+    let mut found: Vec<(usize, String)> = text_symbols(binary)?
+        .into_iter()
+        .filter_map(|s| rank.get(&key(&s.name)).map(|r| (*r, s.name)))
+        .collect();
+    found.sort();
+    let mut text = String::new();
+    for (_, name) in &found {
+        text.push_str(name);
+        text.push('\n');
+    }
+    let out = dir.join(format!("symbol-order-{:016x}.txt", fnv(text.as_bytes())));
+    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    Ok(Some((out, found.len())))
+}
+
+/// Whether `binary` was linked with ordering file `order`: nine in ten of
+/// the functions it names lie at the start of the text, within their own
+/// total size of it. (Not all: LLVM merges identical functions into one
+/// body with several names, and a name the file does not give can share
+/// the body of one it does.)
+pub fn is_laid_out(binary: &Path, order: &Path) -> anyhow::Result<bool> {
+    let listed: std::collections::HashSet<String> = std::fs::read_to_string(order)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let syms = text_symbols(binary)?;
+    let start = syms.iter().map(|s| s.addr).min().unwrap_or(0);
+    let bodies: HashMap<u64, u64> = syms
+        .iter()
+        .filter(|s| listed.contains(&s.name))
+        .map(|s| (s.addr, s.size))
+        .collect();
+    let size: u64 = bodies.values().sum();
+    let first = bodies.keys().filter(|a| **a < start + size).count();
+    Ok(!bodies.is_empty() && first * 10 >= bodies.len() * 9)
+}
+
+/// The `rustc` arguments that link with ordering file `order`.
+pub fn link_args(order: &Path) -> [String; 4] {
+    [
+        "-C".into(),
+        format!("link-arg=-Wl,--symbol-ordering-file={}", order.display()),
+        "-C".into(),
+        // Symbols of the list that this build inlined or does not have.
+        "link-arg=-Wl,--no-warn-symbol-ordering".into(),
+    ]
+}
+
+/// Puts the disk's readahead back when dropped.
+struct Readahead {
+    path: PathBuf,
+    old: String,
+}
+
+impl Readahead {
+    /// Turns readahead off for the disk that holds `file`.
+    fn off_for(file: &Path) -> anyhow::Result<Readahead> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(file)?.dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let block = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        // A partition's queue is its disk's.
+        let path = [block.join("queue"), block.join("../queue")]
+            .into_iter()
+            .map(|q| q.join("read_ahead_kb"))
+            .find(|p| p.exists())
+            .with_context(|| {
+                format!(
+                    "no read_ahead_kb for {} (device {major}:{minor}): build on a disk, not a tmpfs",
+                    file.display()
+                )
+            })?;
+        let old = std::fs::read_to_string(&path)?.trim().to_owned();
+        std::fs::write(&path, "0").with_context(|| format!("writing {}", path.display()))?;
+        Ok(Readahead { path, old })
+    }
+}
+
+impl Drop for Readahead {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(&self.path, &self.old) {
+            say(
+                "symbol-order",
+                &format!(
+                    "could not restore {} to {}: {e}",
+                    self.path.display(),
+                    self.old
+                ),
+            );
+        }
+    }
+}
+
+/// Drops `file` from the page cache.
+fn evict(file: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(file)?;
+    f.sync_all()?;
+    // SAFETY: an open descriptor, and advice that only drops cached pages.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        bail!("posix_fadvise: {}", std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// The addresses (in the binary's own terms) of the resident pages of
+/// `binary`'s executable mapping in process `pid`.
+fn resident_text(pid: u32, binary: &Path) -> anyhow::Result<Vec<u64>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let name = binary.file_name().context("a file name")?;
+    let mut bias = None;
+    let mut text = None;
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || Path::new(f[5]).file_name() != Some(name) {
+            continue;
+        }
+        let (lo, hi) = f[0].split_once('-').context("a range")?;
+        let (lo, hi) = (u64::from_str_radix(lo, 16)?, u64::from_str_radix(hi, 16)?);
+        // A PIE's first segment has address 0: where it is mapped is the
+        // load bias.
+        if f[2].trim_start_matches('0').is_empty() {
+            bias.get_or_insert(lo);
+        }
+        if f[1] == "r-xp" {
+            text = Some((lo, hi));
+        }
+    }
+    let (bias, (lo, hi)) = (
+        bias.context("no mapping at offset 0")?,
+        text.context("no text mapping")?,
+    );
+    let mut pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
+    pagemap.seek(SeekFrom::Start(lo / 4096 * 8))?;
+    let mut entries = vec![0u8; ((hi - lo) / 4096 * 8) as usize];
+    pagemap.read_exact(&mut entries)?;
+    Ok(entries
+        .chunks_exact(8)
+        .enumerate()
+        .filter(|(_, e)| e[7] & 0x80 != 0)
+        .map(|(i, _)| lo + i as u64 * 4096 - bias)
+        .collect())
+}
+
+/// `cargo xtask symbol-order`: builds the image's agent (laid out with the
+/// list there is, if any), runs it as above, and writes the list anew.
+/// Each run on a laid-out binary narrows the list: the functions were
+/// chosen by the page they sat on, and laid out together, the untouched
+/// pages among them now drop theirs.
+pub fn generate(opts: &Options) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("run as root: the agent runs, and the disk's readahead is changed for a minute");
+    }
+    crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
+        toolchain: "nightly".into(),
+    })?;
+    crate::image::build(&crate::image::Options::default(), "build")?;
+    let root = workspace_root();
+    // The x86_64 binary with its symbols (the image holds it stripped).
+    let binary = root.join("target/image/build/x86_64-unknown-linux-gnu/release/lookout");
+    let work = root.join("target/symbol-order");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let bundle = work.join("bundle");
+    crate::bench::busybox_bundle(&bundle, &["true"])?;
+
+    let pages = {
+        let _readahead = Readahead::off_for(&binary)?;
+        evict(&binary)?;
+        let err = work.join("agent.err");
+        let mut agent = Command::new(&binary)
+            .args(["run", "--output", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err)?)
+            .spawn()
+            .context("starting the agent")?;
+        let pages = (|| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !std::fs::read_to_string(&err)?.contains("::run: ready") {
+                if Instant::now() > deadline || agent.try_wait()?.is_some() {
+                    bail!(
+                        "the agent never became ready:\n{}",
+                        std::fs::read_to_string(&err)?
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let bs = bundle.to_str().context("UTF-8 path")?;
+            for i in 0..opts.containers {
+                let id = format!("symbol-order-{}-{i}", std::process::id());
+                for args in [
+                    &["create", "--bundle", bs, &id][..],
+                    &["start", &id],
+                    &["delete", "-f", &id],
+                ] {
+                    let st = Command::new("runc")
+                        .args(args)
+                        .stdout(Stdio::null())
+                        .status()?;
+                    if !st.success() {
+                        bail!("runc {args:?} failed");
+                    }
+                }
+            }
+            // The last exits and their events.
+            std::thread::sleep(Duration::from_millis(500));
+            resident_text(agent.id(), &binary)
+        })();
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+        let _ = agent.wait();
+        pages?
+    };
+
+    let syms = text_symbols(&binary)?;
+    let touched: std::collections::HashSet<u64> = pages.iter().map(|p| p / 4096).collect();
+    let mut keys = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for s in &syms {
+        let (first, last) = (s.addr / 4096, (s.addr + s.size.max(1) - 1) / 4096);
+        if (first..=last).any(|p| touched.contains(&p)) && seen.insert(key(&s.name)) {
+            keys.push(key(&s.name));
+        }
+    }
+    let mut text = format!(
+        "# Functions on the {} text pages ({} KiB) that `lookout run` touched in start-up and\n\
+         # {} containers, as FNV-1a hashes of their demangled names: see xtask/src/symbol_order.rs.\n\
+         # Made by `cargo xtask symbol-order` (root); {} keys.\n",
+        touched.len(),
+        touched.len() * 4,
+        opts.containers,
+        keys.len()
+    );
+    for k in &keys {
+        text.push_str(&format!("{k:016x}\n"));
+    }
+    let out = root.join(ORDER_FILE);
+    std::fs::write(&out, text)?;
+    say(
+        "symbol-order",
+        &format!(
+            "{} text pages touched ({} KiB); {} functions written to {}",
+            touched.len(),
+            touched.len() * 4,
+            keys.len(),
+            out.display()
+        ),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key;
+
+    #[test]
+    fn a_function_keeps_its_key_across_crate_hashes() {
+        // `lookout_agent::main` under two crate hashes (another toolchain or
+        // dependency set), and with an LTO suffix.
+        let a = key("_RNvCsiLD7B24s1o9_13lookout_agent4main");
+        assert_eq!(a, key("_RNvCs9GbgdHAUHgX_13lookout_agent4main"));
+        assert_eq!(a, key("_RNvCs9GbgdHAUHgX_13lookout_agent4main.llvm.123"));
+        assert_ne!(a, key("_RNvCsiLD7B24s1o9_13lookout_agent5other"));
+        // A legacy name without its hash.
+        assert_eq!(
+            key("_ZN3std2io5stdio6_print17h0123456789abcdefE"),
+            key("_ZN3std2io5stdio6_print17hfedcba9876543210E")
+        );
+        assert_ne!(
+            key("_ZN3std2io5stdio6_print17h0123456789abcdefE"),
+            key("_ZN3std2io5stdio7_eprint17h0123456789abcdefE")
+        );
+    }
+}
