@@ -296,9 +296,32 @@ fn compile(
     // x86_64 (rust-lld): link again with the start-up code laid out
     // together (see symbol_order.rs). Only the binary's own crate is
     // compiled again.
-    if platform.cross.is_none()
-        && let Some((order, n)) = crate::symbol_order::linker_order(&binary, target)?
-    {
+    let laid_out = if platform.cross.is_some() {
+        None
+    } else if !crate::symbol_order::linked_by_lld(&binary) {
+        say(
+            "image",
+            "warning: not linked by lld: the start-up code is not laid out together \
+             (idle RSS about 3 MB higher)",
+        );
+        None
+    } else {
+        match crate::symbol_order::linker_order(&binary, target)? {
+            Some((_, 0)) => {
+                say(
+                    "image",
+                    &format!(
+                        "warning: {} names no function of this build: not laid out \
+                         (run `sudo -E cargo xtask symbol-order`)",
+                        crate::symbol_order::ORDER_FILE
+                    ),
+                );
+                None
+            }
+            found => found,
+        }
+    };
+    if let Some((order, n)) = laid_out {
         say("image", &format!("{n} functions laid out first"));
         exec(
             "image",

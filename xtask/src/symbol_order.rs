@@ -15,10 +15,14 @@
 //! off, so that each fault maps the one page it needs, and the pages
 //! resident after start-up and a few containers are exactly the ones
 //! touched. The functions on those pages are stored as 64-bit FNV-1a hashes
-//! of their demangled names without crate hashes (`{:#}`), so the list
-//! survives a toolchain or dependency update, and is mapped to the symbols
-//! of each build at link time. A function the list does not name is laid
-//! out as before: a stale list costs memory, never correctness.
+//! of their v0-mangled names with the crate hashes taken out (see [`key`]),
+//! and mapped to the symbols of each build at link time. A function the
+//! list does not name is laid out as before, and a list that names nothing
+//! of a build, or a linker that is not lld, only skips the layout (with a
+//! warning): a stale list costs memory, never a build or correctness.
+//! (How much of a list survives a toolchain or dependency update is not
+//! measured yet: a crate hash that changes length moves the back-references
+//! of the names after it, and changes their keys.)
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -204,6 +208,15 @@ pub fn is_laid_out(binary: &Path, order: &Path) -> anyhow::Result<bool> {
     Ok(!bodies.is_empty() && first * 10 >= bodies.len() * 9)
 }
 
+/// Whether `binary` was linked by lld (`.comment`), the only linker of the
+/// toolchain's that takes `--symbol-ordering-file`: rustup's x86_64 Linux
+/// toolchains link with their own rust-lld since 1.90; a distribution's
+/// rustc, or a `linker` set in cargo's configuration, may use GNU ld.
+pub fn linked_by_lld(binary: &Path) -> bool {
+    output(Command::new("readelf").args(["-p", ".comment"]).arg(binary))
+        .is_some_and(|c| c.contains("Linker: LLD"))
+}
+
 /// The `rustc` arguments that link with ordering file `order`.
 pub fn link_args(order: &Path) -> [String; 4] {
     [
@@ -219,11 +232,25 @@ pub fn link_args(order: &Path) -> [String; 4] {
 struct Readahead {
     path: PathBuf,
     old: String,
+    /// Where `path` and `old` are kept until restored.
+    saved: PathBuf,
 }
 
 impl Readahead {
-    /// Turns readahead off for the disk that holds `file`.
-    fn off_for(file: &Path) -> anyhow::Result<Readahead> {
+    /// Turns readahead off for the disk that holds `file`. What it was is
+    /// written to `saved` first: a run killed before it restored it
+    /// (SIGKILL, or a signal xtask does not catch) is restored by the next.
+    fn off_for(file: &Path, saved: &Path) -> anyhow::Result<Readahead> {
+        if let Ok(text) = std::fs::read_to_string(saved)
+            && let Some((path, old)) = text.split_once('\n')
+        {
+            say(
+                "symbol-order",
+                &format!("restoring {path} to {old}, which an earlier run left off"),
+            );
+            std::fs::write(path, old.trim()).with_context(|| format!("restoring {path}"))?;
+            std::fs::remove_file(saved)?;
+        }
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(file)?.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
@@ -235,28 +262,78 @@ impl Readahead {
             .find(|p| p.exists())
             .with_context(|| {
                 format!(
-                    "no read_ahead_kb for {} (device {major}:{minor}): build on a disk, not a tmpfs",
+                    "no read_ahead_kb for {} (device {major}:{minor}): the target directory must be \
+                     on a block device's file system (not tmpfs, overlay, btrfs or NFS)",
                     file.display()
                 )
             })?;
         let old = std::fs::read_to_string(&path)?.trim().to_owned();
+        if old == "0" {
+            bail!(
+                "{} is 0 already: set it back to what it was (often 128) and run again",
+                path.display()
+            );
+        }
+        std::fs::write(saved, format!("{}\n{old}", path.display()))?;
         std::fs::write(&path, "0").with_context(|| format!("writing {}", path.display()))?;
-        Ok(Readahead { path, old })
+        Ok(Readahead {
+            path,
+            old,
+            saved: saved.to_path_buf(),
+        })
     }
 }
 
 impl Drop for Readahead {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::write(&self.path, &self.old) {
-            say(
+        match std::fs::write(&self.path, &self.old) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&self.saved);
+            }
+            Err(e) => say(
                 "symbol-order",
                 &format!(
-                    "could not restore {} to {}: {e}",
+                    "could not restore {} to {} (the next run will): {e}",
                     self.path.display(),
                     self.old
                 ),
-            );
+            ),
         }
+    }
+}
+
+/// The agent `generate` runs: stopped when dropped, whatever went wrong.
+struct Agent(std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        // SAFETY: a signal to our own child, not reaped yet.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.0.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A container `generate` made: deleted when dropped (a step failed).
+struct Deleted<'a>(&'a str);
+
+impl Drop for Deleted<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("runc")
+            .args(["delete", "-f", self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -335,16 +412,19 @@ pub fn generate(opts: &Options) -> anyhow::Result<()> {
     crate::bench::busybox_bundle(&bundle, &["true"])?;
 
     let pages = {
-        let _readahead = Readahead::off_for(&binary)?;
+        let _readahead = Readahead::off_for(&binary, &root.join("target/symbol-order.readahead"))?;
         evict(&binary)?;
         let err = work.join("agent.err");
-        let mut agent = Command::new(&binary)
-            .args(["run", "--output", "json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&err)?)
-            .spawn()
-            .context("starting the agent")?;
+        let mut agent = Agent(
+            Command::new(&binary)
+                .args(["run", "--output", "json"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&err)?)
+                .spawn()
+                .context("starting the agent")?,
+        );
+        let agent = &mut agent.0;
         let pages = (|| {
             let deadline = Instant::now() + Duration::from_secs(60);
             while !std::fs::read_to_string(&err)?.contains("::run: ready") {
@@ -359,6 +439,7 @@ pub fn generate(opts: &Options) -> anyhow::Result<()> {
             let bs = bundle.to_str().context("UTF-8 path")?;
             for i in 0..opts.containers {
                 let id = format!("symbol-order-{}-{i}", std::process::id());
+                let gone = Deleted(&id);
                 for args in [
                     &["create", "--bundle", bs, &id][..],
                     &["start", &id],
@@ -372,14 +453,13 @@ pub fn generate(opts: &Options) -> anyhow::Result<()> {
                         bail!("runc {args:?} failed");
                     }
                 }
+                // Deleted by its own `delete`.
+                std::mem::forget(gone);
             }
             // The last exits and their events.
             std::thread::sleep(Duration::from_millis(500));
             resident_text(agent.id(), &binary)
         })();
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-        let _ = agent.wait();
         pages?
     };
 
@@ -395,7 +475,8 @@ pub fn generate(opts: &Options) -> anyhow::Result<()> {
     }
     let mut text = format!(
         "# Functions on the {} text pages ({} KiB) that `lookout run` touched in start-up and\n\
-         # {} containers, as FNV-1a hashes of their demangled names: see xtask/src/symbol_order.rs.\n\
+         # {} containers, as FNV-1a hashes of their v0 names without crate hashes: see\n\
+         # xtask/src/symbol_order.rs.\n\
          # Made by `cargo xtask symbol-order` (root); {} keys.\n",
         touched.len(),
         touched.len() * 4,
