@@ -44,13 +44,24 @@ use super::args::Output;
 /// keeps, so lines waiting for a slow reader cost no copies of their
 /// containers (200 containers of 64 KiB annotations queued at once were
 /// 14 MB of lines), and encoding is off the emitting thread.
+///
+/// The queue is std's unbounded channel, bounded by [`STDOUT_QUEUE`] from
+/// the sink's counters: its blocks are allocated as lines wait and freed as
+/// they are written. A `sync_channel` of the same bound allocates and
+/// writes every slot up front (256 KiB, resident for the agent's life).
 pub(crate) struct StdoutSink {
     output: Output,
     metrics: Arc<crate::serve::Metrics>,
     progress: Arc<Progress>,
-    queue: std::sync::mpsc::SyncSender<ContainerEvent>,
+    queue: std::sync::mpsc::Sender<ContainerEvent>,
+    /// Events waiting for the writer at most ([`STDOUT_QUEUE`]).
+    bound: u64,
     dropped: u64,
 }
+
+/// Events waiting for the stdout writer at most (counting the one it is
+/// on); more are dropped and counted.
+const STDOUT_QUEUE: u64 = 4096;
 
 /// With this many `added` lines remembered for starts that never came (a
 /// `run`, a scan's containers), the written ones are forgotten.
@@ -167,13 +178,24 @@ impl StdoutSink {
         deadline: Duration,
         metrics: Arc<crate::serve::Metrics>,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
-        let (queue, rx) = std::sync::mpsc::sync_channel::<ContainerEvent>(4096);
+        Self::with_writer(output, deadline, metrics, std::io::stdout(), STDOUT_QUEUE)
+    }
+
+    /// [`StdoutSink::new`] writing to `out`, with at most `bound` events
+    /// waiting.
+    fn with_writer(
+        output: Output,
+        deadline: Duration,
+        metrics: Arc<crate::serve::Metrics>,
+        mut out: impl Write + Send + 'static,
+        bound: u64,
+    ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
+        let (queue, rx) = std::sync::mpsc::channel::<ContainerEvent>();
         let progress = Arc::new(Progress::new(deadline));
         let writer = Arc::clone(&progress);
         std::thread::Builder::new()
             .name("lookout-stdout".into())
             .spawn(move || {
-                let out = std::io::stdout();
                 let mut line = Vec::with_capacity(4096);
                 for event in rx {
                     writer
@@ -187,12 +209,10 @@ impl StdoutSink {
                     line.clear();
                     encode(output, &event, &mut line);
                     drop(event);
-                    let mut lock = out.lock();
-                    if lock.write_all(&line).and_then(|()| lock.flush()).is_err() {
+                    if out.write_all(&line).and_then(|()| out.flush()).is_err() {
                         // N.B. a closed stdout must not stop discovery.
                         tracing::debug!("stdout closed; event dropped");
                     }
-                    drop(lock);
                     writer.line_done();
                 }
             })
@@ -207,6 +227,7 @@ impl StdoutSink {
                 metrics,
                 progress,
                 queue,
+                bound,
                 dropped: 0,
             },
             barrier,
@@ -233,22 +254,25 @@ impl Sink for StdoutSink {
         // the count after it.
         let line = p.queued.load(Ordering::Acquire) + 1;
         let added = (event.event == EventKind::Added).then(|| event.container.id.clone());
-        match self.queue.try_send(event) {
+        // N.B. `written` only grows, and no line is queued but here.
+        let waiting = (line - 1).saturating_sub(p.written.load(Ordering::Acquire));
+        let sent = if waiting >= self.bound {
+            Err(("the stdout queue is full", event))
+        } else {
+            self.queue
+                .send(event)
+                .map_err(|e| ("the stdout writer is gone", e.0))
+        };
+        match sent {
             Ok(()) => {
                 p.queued.store(line, Ordering::Release);
                 if let Some(id) = added {
                     p.remember_added(id, line);
                 }
             }
-            Err(e) => {
+            Err((why, event)) => {
                 self.dropped += 1;
                 self.metrics.stdout_dropped();
-                let (why, event) = match e {
-                    std::sync::mpsc::TrySendError::Full(ev) => ("the stdout queue is full", ev),
-                    std::sync::mpsc::TrySendError::Disconnected(ev) => {
-                        ("the stdout writer is gone", ev)
-                    }
-                };
                 tracing::error!(
                     dropped = self.dropped,
                     id = event.container.id,
@@ -383,6 +407,83 @@ mod tests {
             metrics: Arc::new(crate::serve::Metrics::new()),
         };
         (progress, b)
+    }
+
+    /// A stdout whose reader takes nothing until `go` is sent (or
+    /// dropped), then everything.
+    struct HeldReader {
+        go: std::sync::mpsc::Receiver<()>,
+        held: bool,
+        lines: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for HeldReader {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.held {
+                let _ = self.go.recv();
+                self.held = false;
+            }
+            self.lines.lock().expect("lines").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_reader_that_takes_nothing_costs_events_past_the_bound_not_memory() {
+        let (go, held) = std::sync::mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = HeldReader {
+            go: held,
+            held: true,
+            lines: Arc::clone(&lines),
+        };
+        let metrics = Arc::new(crate::serve::Metrics::new());
+        let (mut sink, _barrier) = StdoutSink::with_writer(Output::Json, DEADLINE, metrics, out, 3)
+            .expect("writer thread");
+        let container = Arc::new(lookout_model::Container::new(
+            "c",
+            lookout_model::RuntimeKind::Runc,
+        ));
+        for _ in 0..5 {
+            sink.emit(ContainerEvent::added(
+                lookout_model::Source::RuntimeHook,
+                Arc::clone(&container),
+            ));
+        }
+        assert_eq!(sink.dropped, 2, "three wait (one of them being written)");
+        drop(go);
+        lookout_testsupport::wait_until(
+            Duration::from_secs(10),
+            || sink.progress.written.load(Ordering::Acquire) == 3,
+            || "the three lines written".into(),
+        );
+        // Room again once the reader takes them.
+        sink.emit(ContainerEvent::removed(
+            lookout_model::Source::RuntimeHook,
+            Arc::clone(&container),
+            None,
+        ));
+        assert_eq!(sink.dropped, 2);
+        lookout_testsupport::wait_until(
+            Duration::from_secs(10),
+            || sink.progress.written.load(Ordering::Acquire) == 4,
+            || "the fourth line written".into(),
+        );
+        let text = String::from_utf8(lines.lock().expect("lines").clone()).expect("JSON lines");
+        let kinds: Vec<&str> = text
+            .lines()
+            .map(|l| {
+                if l.contains("\"removed\"") {
+                    "removed"
+                } else {
+                    "added"
+                }
+            })
+            .collect();
+        assert_eq!(kinds, ["added", "added", "added", "removed"], "{text}");
     }
 
     /// Queues `n` lines, the `added` of `id` last, as the sink does.
