@@ -342,4 +342,61 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
     assert_eq!(record.argv, want);
     assert!(!record.truncated, "{record:?}");
     assert_eq!(record.tgid, pid);
+
+    // Records are as long as their argv: one that fills the argument area
+    // (and is cut), then a short one, back to back in the ring, each read
+    // whole and in its place.
+    let wide: Vec<String> = (0..40)
+        .map(|i| format!("{i:03}{}", "w".repeat(140)))
+        .collect();
+    let mut pids = Vec::new();
+    for argv in [wide.clone(), vec!["after".to_owned()]] {
+        let mut child = Command::new(&exe).args(&argv).spawn().expect("run");
+        pids.push((child.id(), argv));
+        assert!(child.wait().expect("wait").success());
+    }
+    for (i, (pid, argv)) in pids.into_iter().enumerate() {
+        let mut record = None;
+        lookout_testsupport::wait_until(
+            std::time::Duration::from_secs(10),
+            || {
+                record = ring.take(pid);
+                record.is_some()
+            },
+            || format!("no argv record of pid {pid} ({name}) in 10 s"),
+        );
+        let record = record.expect("waited for");
+        assert_eq!(record.argv[0], exe.to_string_lossy());
+        if i == 0 {
+            // 4096 bytes of arguments hold the path and 27 of these.
+            assert!(record.truncated, "{record:?}");
+            let kept = &record.argv[1..];
+            assert!(kept.len() >= 20 && kept.len() < argv.len(), "{kept:?}");
+            // The last one kept is cut at the area's end.
+            let (last, whole) = kept.split_last().expect("arguments kept");
+            assert_eq!(whole, &argv[..whole.len()]);
+            assert!(argv[whole.len()].starts_with(last.as_str()), "{last}");
+        } else {
+            assert!(!record.truncated, "{record:?}");
+            assert_eq!(record.argv[1..], argv[..]);
+        }
+    }
+
+    // Short records take little room: 200 runtime execs that user space
+    // has not read yet all fit (whole records, 4.6 KiB each, filled the
+    // ring at 56).
+    let mut unread = Vec::new();
+    for i in 0..200 {
+        let mut child = Command::new(&exe)
+            .arg(format!("burst-{i}"))
+            .spawn()
+            .expect("run");
+        unread.push(child.id());
+        assert!(child.wait().expect("wait").success());
+    }
+    let lost: Vec<u32> = unread
+        .into_iter()
+        .filter(|pid| ring.take(*pid).is_none())
+        .collect();
+    assert!(lost.is_empty(), "records lost from the ring: {lost:?}");
 }

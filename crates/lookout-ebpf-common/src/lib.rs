@@ -102,7 +102,12 @@ pub const EXEC_FILTER_MAP: &str = "EXEC_FILTER";
 /// Capacity of [`EXEC_FILTER_MAP`].
 pub const EXEC_FILTER_CAPACITY: u32 = 64;
 /// Size of the exec ring buffer in bytes (a power of two, page multiple).
-pub const EXEC_EVENTS_BYTES: u32 = 512 * 1024;
+/// A record is [`ExecEvent::HEADER`] bytes and its argv: about 1 KiB for a
+/// kubelet's `runc create`, 4.4 KiB at most, so the ring holds about 250
+/// runtime execs that user space has not read yet (58 at the least). The
+/// kernel maps its pages twice (for records that wrap), so a ring costs
+/// the agent twice its size in RSS.
+pub const EXEC_EVENTS_BYTES: u32 = 256 * 1024;
 
 /// Bytes kept of the exec'd file name.
 pub const FILENAME_LEN: usize = 256;
@@ -165,8 +170,11 @@ pub struct ExecEvent {
 }
 
 impl ExecEvent {
-    /// Size in bytes of the record.
+    /// Size in bytes of the whole record.
     pub const SIZE: usize = core::mem::size_of::<ExecEvent>();
+    /// Size in bytes of the record before [`ExecEvent::args`]: a ring
+    /// buffer record is this and [`ExecEvent::args_len`] bytes.
+    pub const HEADER: usize = core::mem::offset_of!(ExecEvent, args);
 }
 
 /// Name of the `sched/sched_process_exit` program that records exit codes.

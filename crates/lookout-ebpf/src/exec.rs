@@ -21,13 +21,15 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 #[map]
 static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
 
-/// Per-CPU scratch space for the file name: the filter runs on it before
-/// anything is reserved in the ring buffer. (Reserving first and
-/// discarding costs ring space for *every* exec on the host until user
-/// space consumes it, so a busy host filled the ring between runtime execs
-/// and runtime execs lost their records.)
+/// Per-CPU scratch record: the filter runs on its file name before
+/// anything is written to the ring buffer (reserving first and discarding
+/// cost ring space for *every* exec on the host until user space consumed
+/// it, so a busy host filled the ring between runtime execs and runtime
+/// execs lost their records), and only its used bytes are copied to the
+/// ring (`bpf_ringbuf_output`): a runtime's argv is a few hundred bytes of
+/// the record's 4 KiB.
 #[map]
-static SCRATCH: PerCpuArray<[u8; FILENAME_LEN]> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<ExecEvent> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static EXEC_FILTER: HashMap<ExecFilterKey, u8> = HashMap::with_max_entries(EXEC_FILTER_CAPACITY, 0);
@@ -56,11 +58,14 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     // SAFETY: as above.
     let argv: u64 = unsafe { ctx.read_at(argv_off) }?;
 
-    let Some(name) = SCRATCH.get_ptr_mut(0) else {
+    let Some(ev) = SCRATCH.get_ptr_mut(0) else {
         return Err(-1);
     };
-    // SAFETY: `name` points to this CPU's scratch slot, which only this
-    // program uses and which cannot be preempted away mid-program.
+    // SAFETY: `ev` points to this CPU's scratch record, which only this
+    // program uses and which cannot be preempted away mid-program (the
+    // tracepoint runs with preemption off).
+    let name = unsafe { &raw mut (*ev).filename };
+    // SAFETY: as above.
     let name_len = match unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut *name) } {
         Ok(s) => s.len(),
         Err(e) => return Err(e as i64),
@@ -99,16 +104,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         return Ok(());
     }
 
-    // A watched runtime: now take ring space and fill the record.
-    let Some(mut entry) = EXEC_EVENTS.reserve::<ExecEvent>(0) else {
-        return Err(-1);
-    };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points to reserved ring buffer memory of ExecEvent::SIZE
-    // bytes that only this program writes until submit; `name` is our
-    // scratch slot of the same length as the field.
-    unsafe { (*ev).filename = *name };
-
+    // A watched runtime: fill the rest of the record.
     let pid_tgid = bpf_get_current_pid_tgid();
     let mut off = 0usize;
     let mut argc = 0u32;
@@ -157,7 +153,7 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     if n == MAX_ARGS {
         fl |= EXEC_FLAG_TRUNCATED;
     }
-    // SAFETY: fixed fields of the reserved record.
+    // SAFETY: fixed fields of the scratch record.
     unsafe {
         (*ev).tgid = (pid_tgid >> 32) as u32;
         (*ev).tid = pid_tgid as u32;
@@ -167,8 +163,12 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
         (*ev).flags = fl;
         (*ev).uid = uid;
     }
-    entry.submit(BPF_RB_NO_WAKEUP);
-    Ok(())
+    // Only the used bytes. N.B. the clamp is what the verifier reads as
+    // the size's bound (at most the scratch value's size).
+    let used = ExecEvent::HEADER + if off < ARGS_SIZE { off } else { ARGS_SIZE };
+    // SAFETY: `used` <= ExecEvent::SIZE bytes of the scratch record.
+    let bytes = unsafe { core::slice::from_raw_parts(ev.cast::<u8>(), used) };
+    EXEC_EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).map_err(i64::from)
 }
 
 pub const FLAGS_EXECVE: u32 = 0;

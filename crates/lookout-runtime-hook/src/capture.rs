@@ -36,11 +36,12 @@ pub struct ExecRecord {
 }
 
 impl ExecRecord {
-    /// Decodes a ring buffer record in place (a record is ~4.6 KiB, most
-    /// of it unused: only the used bytes are read).
+    /// Decodes a ring buffer record in place: [`ExecEvent::HEADER`] bytes,
+    /// then the `args_len` bytes of argv. `None` for a record shorter than
+    /// that.
     pub fn from_bytes(bytes: &[u8]) -> Option<ExecRecord> {
         use std::mem::offset_of;
-        if bytes.len() < ExecEvent::SIZE {
+        if bytes.len() < ExecEvent::HEADER {
             return None;
         }
         let u32_at = |off: usize| -> Option<u32> {
@@ -383,6 +384,12 @@ mod tests {
         assert_eq!(rec.argv, ["runc", "start", "c1"]);
         assert_eq!((rec.tgid, rec.tid, rec.truncated), (10, 11, true));
         assert_eq!(rec.uid, 1000);
+        // What the program writes: the header and the used bytes of argv.
+        let used = 1 + ExecEvent::HEADER + args.len();
+        let short = ExecRecord::from_bytes(&shifted[1..used]).expect("used bytes only");
+        assert_eq!(short.argv, ["runc", "start", "c1"]);
+        // A record cut inside its argv, or inside the header, is refused.
+        assert!(ExecRecord::from_bytes(&shifted[1..used - 1]).is_none());
         assert!(ExecRecord::from_bytes(&shifted[1..100]).is_none());
     }
 }
