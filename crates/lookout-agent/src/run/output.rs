@@ -431,6 +431,17 @@ mod tests {
         }
     }
 
+    /// Waits (10 s at most) until the writer is done with `n` lines.
+    /// (Not lookout-testsupport's `wait_until`: this file is packaged.)
+    fn written(sink: &StdoutSink, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sink.progress.written.load(Ordering::Acquire) < n {
+            assert!(Instant::now() < deadline, "{n} lines not written in 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(sink.progress.written.load(Ordering::Acquire), n);
+    }
+
     #[test]
     fn a_reader_that_takes_nothing_costs_events_past_the_bound_not_memory() {
         let (go, held) = std::sync::mpsc::channel();
@@ -455,11 +466,7 @@ mod tests {
         }
         assert_eq!(sink.dropped, 2, "three wait (one of them being written)");
         drop(go);
-        lookout_testsupport::wait_until(
-            Duration::from_secs(10),
-            || sink.progress.written.load(Ordering::Acquire) == 3,
-            || "the three lines written".into(),
-        );
+        written(&sink, 3);
         // Room again once the reader takes them.
         sink.emit(ContainerEvent::removed(
             lookout_model::Source::RuntimeHook,
@@ -467,11 +474,7 @@ mod tests {
             None,
         ));
         assert_eq!(sink.dropped, 2);
-        lookout_testsupport::wait_until(
-            Duration::from_secs(10),
-            || sink.progress.written.load(Ordering::Acquire) == 4,
-            || "the fourth line written".into(),
-        );
+        written(&sink, 4);
         let text = String::from_utf8(lines.lock().expect("lines").clone()).expect("JSON lines");
         let kinds: Vec<&str> = text
             .lines()
