@@ -685,7 +685,7 @@ fn selected(only: Option<&str>) -> anyhow::Result<Vec<&'static Part>> {
 enum Needs {
     /// Nothing (the inode map builds its own tool).
     Nothing,
-    /// The BPF object and the release agent.
+    /// The BPF object and the agent (built as the image builds it).
     Agent,
     /// Those, and the allow-all floor responder.
     AgentAndFloor,
@@ -697,7 +697,10 @@ fn build(needs: Needs) -> anyhow::Result<()> {
         crate::build_ebpf::build_ebpf(&crate::build_ebpf::Options {
             toolchain: "nightly".into(),
         })?;
-        build_release(&["-p", "lookout-agent", "--bin", "lookout"])?;
+        // Built as the image builds it (the list, packed relocations):
+        // the figures are those of the agent that ships.
+        let root = workspace_root();
+        crate::image::build_agent(&root, &root.join(IMAGE_TARGET))?;
     }
     if needs >= Needs::AgentAndFloor {
         build_release(&["-p", "lookout-fanotify", "--example", "allow_all"])?;
@@ -714,9 +717,13 @@ fn build_release(args: &[&str]) -> anyhow::Result<()> {
     )
 }
 
+/// The target directory the bench builds its agent in: the image's, so
+/// that `cargo xtask image` and the bench share their build.
+const IMAGE_TARGET: &str = "target/image/build";
+
 /// Where the benchmark finds its binaries and writes its files.
 struct Paths {
-    /// The release agent.
+    /// The agent, built as the image builds it (with its symbols).
     lookout: PathBuf,
     /// The allow-all floor responder (lookout-fanotify's example).
     floor: PathBuf,
@@ -731,7 +738,7 @@ impl Paths {
         let root = workspace_root();
         let out_dir = root.join("target/bench");
         Paths {
-            lookout: root.join("target/release/lookout"),
+            lookout: crate::image::agent_binary(&root.join(IMAGE_TARGET)),
             floor: root.join("target/release/examples/allow_all"),
             work: out_dir.join("work"),
             out_dir,

@@ -5,11 +5,13 @@
 //! differ by more than most changes.
 //!
 //! REV is checked out once in a git worktree, `target/bench/against/<sha>`,
-//! and built there (its own `cargo xtask build-ebpf`, then the release
-//! agent) with a target directory shared by every such revision,
-//! `target/bench/against/target`. The agent is kept as
-//! `target/bench/against/lookout-<sha>`, so a second run does not build it
-//! again.
+//! and built there (its own `cargo xtask build-ebpf`, then its agent as
+//! this tree's image builds an agent: v0 symbols, this tree's symbol-order
+//! list, packed relocations) with target directories shared by every such
+//! revision, `target/bench/against/target` and `.../image-target`. Both
+//! agents are built the same way, so a figure compares code, not builds.
+//! The agent is kept as `target/bench/against/lookout-<sha>-image`, so a
+//! second run does not build it again.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -85,10 +87,11 @@ fn describe_head() -> String {
     format!("{}{}", head.trim(), if dirty { "+changes" } else { "" })
 }
 
-/// Builds revision `sha`'s release agent (once) and returns its path.
+/// Builds revision `sha`'s agent as the image builds one (once) and
+/// returns its path.
 fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
     let base = workspace_root().join("target/bench/against");
-    let kept = base.join(format!("lookout-{sha}"));
+    let kept = base.join(format!("lookout-{sha}-image"));
     if kept.is_file() {
         say("bench", &format!("using {} (built before)", kept.display()));
         return Ok(kept);
@@ -129,20 +132,15 @@ fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
         &mut in_tree(&["xtask", "build-ebpf"]),
         "the revision's BPF object did not build; see above",
     )?;
-    exec(
-        "bench",
-        &mut in_tree(&[
-            "build",
-            "-j2",
-            "--release",
-            "-p",
-            "lookout-agent",
-            "--bin",
-            "lookout",
-        ]),
-        "the revision's agent did not build; see above",
-    )?;
-    let built = target.join("release/lookout");
+    let object = tree.join("target/bpf/lookout-ebpf.o");
+    if !object.is_file() {
+        bail!(
+            "{sha:.12}'s build-ebpf left no {}: its agent would embed no BPF programs",
+            object.display()
+        );
+    }
+    let built = crate::image::build_agent(&tree, &base.join("image-target"))
+        .context("the revision's agent did not build; see above")?;
     lookout_testsupport::install_executable(&built, &kept)
         .with_context(|| format!("copying {} to {}", built.display(), kept.display()))?;
     Ok(kept)

@@ -239,6 +239,33 @@ fn build_platforms(
     })
 }
 
+/// Builds this machine's own platform's agent from the workspace at `root`
+/// (this one, or another revision's worktree whose BPF object is built) as
+/// the image builds it: v0 symbols, the start-up code laid out with this
+/// tree's list, packed relocations. `target` is the target directory.
+/// Returns the binary with its symbols (what the image strips), so that
+/// the bench measures what ships and `perf` still names functions.
+pub fn build_agent(root: &Path, target: &Path) -> anyhow::Result<PathBuf> {
+    let platform = PLATFORMS
+        .iter()
+        .find(|p| p.cross.is_none())
+        .context("no platform is built natively")?;
+    if std::env::consts::ARCH != "x86_64" {
+        bail!(
+            "the image is built on an x86_64 machine (arm64 is cross-built); this is {}",
+            std::env::consts::ARCH
+        );
+    }
+    std::fs::create_dir_all(target).with_context(|| format!("creating {}", target.display()))?;
+    compile(platform, root, target, target, false)?;
+    Ok(agent_binary(target))
+}
+
+/// Where [`build_agent`] leaves the agent in target directory `target`.
+pub fn agent_binary(target: &Path) -> PathBuf {
+    target.join(PLATFORMS[0].triple).join("release/lookout")
+}
+
 /// Builds the agent for `platform` in `target`, splits its debug info off
 /// (`lookout[-ARCH].debug`, beside the archive for the main build) and
 /// returns the stripped binary.
@@ -268,7 +295,17 @@ fn compile(
     ]
     .join("\x1f");
     let cargo_cmd = |subcommand: &str| {
-        let mut cmd = cargo();
+        let mut cmd = if root == workspace_root() {
+            cargo()
+        } else {
+            // Another tree (`bench --against`): its own toolchain file and
+            // its own BPF object decide.
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(root)
+                .env_remove("RUSTUP_TOOLCHAIN")
+                .env_remove("LOOKOUT_EBPF_OBJECT");
+            cmd
+        };
         cmd.args([subcommand, "-j2", "--release", "--locked"])
             .args(["-p", "lookout-agent", "--bin", "lookout"])
             .args(["--target", platform.triple])
@@ -329,13 +366,16 @@ fn compile(
     if packed {
         link.extend(["-C".to_owned(), format!("link-arg={PACK_RELATIVE_RELOCS}")]);
     } else {
+        let linker = match platform.cross {
+            None => "lld".to_owned(),
+            Some(prefix) => format!("{prefix}-ld {} or later", gnu_ld_packs_from(platform).1),
+        };
         say(
             "image",
             &format!(
-                "warning: {} relocations not packed: it needs lld or GNU ld {}, and a glibc \
-                 of 2.36 or later (idle RSS about 1 MB higher)",
+                "warning: {} relocations not packed: it needs {linker}, and a glibc of 2.36 \
+                 or later (idle RSS about 1 MB higher)",
                 platform.arch,
-                gnu_ld_packs_from(platform).1,
             ),
         );
     }
@@ -409,8 +449,9 @@ const PACK_RELATIVE_RELOCS: &str = "-Wl,-z,pack-relative-relocs";
 /// Whether `platform`'s binary can have packed relocations: the libc that
 /// its image ships (this machine's, or the cross toolchain's) defines
 /// `GLIBC_ABI_DT_RELR` (glibc 2.36 and later), and the linker that linked
-/// `binary` packs them for this architecture (lld, or GNU ld from 2.38 for
-/// x86_64 and 2.41 for aarch64; older ones take the flag and ignore it).
+/// `binary` packs them: lld for this machine's own platform, the cross
+/// toolchain's GNU ld from 2.41 for aarch64 (older ones take the flag and
+/// ignore it).
 fn packs_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool> {
     let libc = match platform.cross {
         None => PathBuf::from(format!(
@@ -427,13 +468,15 @@ fn packs_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool>
     if !text.contains("GLIBC_ABI_DT_RELR") {
         return Ok(false);
     }
-    if platform.cross.is_none() && crate::symbol_order::linked_by_lld(binary) {
-        return Ok(true);
-    }
-    let ld = platform
-        .cross
-        .map_or("ld".to_owned(), |p| format!("{p}-ld"));
-    let version = output(Command::new(&ld).arg("--version"))
+    let Some(prefix) = platform.cross else {
+        // This machine's linker is whatever cargo's configuration picks (a
+        // distribution's rustc may link with GNU ld, gold or mold): only
+        // lld is taken to pack, so that a linker that rejects the flag
+        // costs memory, not the build.
+        return Ok(crate::symbol_order::linked_by_lld(binary));
+    };
+    // The cross build links with `{prefix}-gcc`, that is GNU ld.
+    let version = output(Command::new(format!("{prefix}-ld")).arg("--version"))
         .and_then(|v| gnu_ld_version(&v))
         .unwrap_or((0, 0));
     Ok(version >= gnu_ld_packs_from(platform).0)

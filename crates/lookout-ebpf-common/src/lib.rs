@@ -104,7 +104,7 @@ pub const EXEC_FILTER_CAPACITY: u32 = 64;
 /// Size of the exec ring buffer in bytes (a power of two, page multiple).
 /// A record is [`ExecEvent::HEADER`] bytes and its argv: about 1 KiB for a
 /// kubelet's `runc create`, 4.4 KiB at most, so the ring holds about 250
-/// runtime execs that user space has not read yet (58 at the least). The
+/// runtime execs that user space has not read yet (59 at the least). The
 /// kernel maps its pages twice (for records that wrap), so a ring costs
 /// the agent twice its size in RSS.
 pub const EXEC_EVENTS_BYTES: u32 = 256 * 1024;
