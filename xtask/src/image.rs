@@ -48,6 +48,15 @@ pub struct Platform {
     cross: Option<&'static str>,
 }
 
+impl Platform {
+    /// The binutils program `name` for this platform: this machine's own,
+    /// or the cross toolchain's `{prefix}-name`.
+    fn tool(&self, name: &str) -> String {
+        self.cross
+            .map_or(name.to_owned(), |prefix| format!("{prefix}-{name}"))
+    }
+}
+
 /// The image's platforms, in the index's order.
 pub const PLATFORMS: &[Platform] = &[
     Platform {
@@ -417,9 +426,7 @@ fn compile(
     };
     let debug = beside.join(format!("{name}.debug"));
     let stripped = beside.join(format!("{name}.stripped"));
-    let objcopy = platform
-        .cross
-        .map_or("objcopy".to_owned(), |p| format!("{p}-objcopy"));
+    let objcopy = platform.tool("objcopy");
     exec(
         "image",
         Command::new(&objcopy)
@@ -460,9 +467,7 @@ fn packs_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool>
         )),
         Some(prefix) => PathBuf::from(format!("/usr/{prefix}/lib/libc.so.6")),
     };
-    let objdump = platform
-        .cross
-        .map_or("objdump".to_owned(), |p| format!("{p}-objdump"));
+    let objdump = platform.tool("objdump");
     let text = output(Command::new(&objdump).arg("-p").arg(&libc))
         .with_context(|| format!("{objdump} -p {} failed", libc.display()))?;
     if !text.contains("GLIBC_ABI_DT_RELR") {
@@ -502,9 +507,7 @@ fn gnu_ld_version(text: &str) -> Option<(u32, u32)> {
 
 /// Whether `binary` has a packed relocation table (a DT_RELR entry).
 fn has_packed_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool> {
-    let readelf = platform
-        .cross
-        .map_or("readelf".to_owned(), |p| format!("{p}-readelf"));
+    let readelf = platform.tool("readelf");
     let text = output(Command::new(&readelf).args(["-d", "-W"]).arg(binary))
         .with_context(|| format!("{readelf} -d {} failed", binary.display()))?;
     Ok(text.lines().any(|l| l.contains("(RELR)")))
