@@ -339,11 +339,22 @@ fn compile(
         "read the compiler error above",
     )?;
     let binary = target.join(platform.triple).join("release/lookout");
-    // x86_64 (rust-lld): the start-up code laid out together (see
-    // symbol_order.rs).
-    let laid_out = if platform.cross.is_some() {
-        None
-    } else if !crate::symbol_order::linked_by_lld(&binary) {
+    // A cross build links with the GNU cross toolchain's gcc; where the
+    // toolchain ships its own lld (rustup's do), the final link uses it, as
+    // the native build does: it packs relocations for every architecture,
+    // and takes the symbol-order list.
+    let cross_lld = match platform.cross {
+        Some(_) => rust_lld_dir(root),
+        None => None,
+    };
+    let lld = match platform.cross {
+        Some(_) => cross_lld.is_some(),
+        None => crate::symbol_order::linked_by_lld(&binary),
+    };
+    let nm = platform.tool("nm");
+    // The start-up code laid out together (see symbol_order.rs). The list is
+    // made on amd64; most of its functions are the same on arm64.
+    let laid_out = if !lld {
         say(
             "image",
             "warning: not linked by lld: the start-up code is not laid out together \
@@ -351,7 +362,7 @@ fn compile(
         );
         None
     } else {
-        match crate::symbol_order::linker_order(&binary, target)? {
+        match crate::symbol_order::linker_order(&nm, &binary, target)? {
             Some((_, 0)) => {
                 say(
                     "image",
@@ -370,14 +381,25 @@ fn compile(
     // libc the image ships can load them, and with the start-up code laid
     // out together when lld links. Only the binary's own crate is compiled
     // again (about a second).
-    let packed = packs_relocations(platform, &binary)?;
+    let packed = packs_relocations(platform, lld)?;
     let mut link = Vec::new();
+    if let Some(dir) = &cross_lld {
+        link.extend([
+            "-C".to_owned(),
+            "link-arg=-fuse-ld=lld".to_owned(),
+            "-C".to_owned(),
+            format!("link-arg=-B{}", dir.display()),
+        ]);
+    }
     if packed {
         link.extend(["-C".to_owned(), format!("link-arg={PACK_RELATIVE_RELOCS}")]);
     } else {
         let linker = match platform.cross {
             None => "lld".to_owned(),
-            Some(prefix) => format!("{prefix}-ld {} or later", gnu_ld_packs_from(platform).1),
+            Some(prefix) => format!(
+                "the toolchain's rust-lld, or {prefix}-ld {} or later",
+                gnu_ld_packs_from(platform).1
+            ),
         };
         say(
             "image",
@@ -399,8 +421,15 @@ fn compile(
             "read the linker error above",
         )?;
     }
+    if cross_lld.is_some() && !crate::symbol_order::linked_by_lld(&binary) {
+        bail!(
+            "{} was not linked by lld after -fuse-ld=lld: remove {} and build again",
+            binary.display(),
+            target.display()
+        );
+    }
     if let Some((order, _)) = &laid_out
-        && !crate::symbol_order::is_laid_out(&binary, order)?
+        && !crate::symbol_order::is_laid_out(&nm, &binary, order)?
     {
         bail!(
             "{} was not linked with {}: remove {} and build again",
@@ -455,11 +484,10 @@ const PACK_RELATIVE_RELOCS: &str = "-Wl,-z,pack-relative-relocs";
 
 /// Whether `platform`'s binary can have packed relocations: the libc that
 /// its image ships (this machine's, or the cross toolchain's) defines
-/// `GLIBC_ABI_DT_RELR` (glibc 2.36 and later), and the linker that linked
-/// `binary` packs them: lld for this machine's own platform, the cross
-/// toolchain's GNU ld from 2.41 for aarch64 (older ones take the flag and
-/// ignore it).
-fn packs_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool> {
+/// `GLIBC_ABI_DT_RELR` (glibc 2.36 and later), and the linker that links
+/// `binary` packs them: lld (`lld`), or the cross toolchain's GNU ld from
+/// 2.41 for aarch64 (older ones take the flag and ignore it).
+fn packs_relocations(platform: &Platform, lld: bool) -> anyhow::Result<bool> {
     let libc = match platform.cross {
         None => PathBuf::from(format!(
             "/lib/{}/libc.so.6",
@@ -473,14 +501,17 @@ fn packs_relocations(platform: &Platform, binary: &Path) -> anyhow::Result<bool>
     if !text.contains("GLIBC_ABI_DT_RELR") {
         return Ok(false);
     }
+    // This machine's linker is whatever cargo's configuration picks (a
+    // distribution's rustc may link with GNU ld, gold or mold): only lld is
+    // taken to pack, so that a linker that rejects the flag costs memory,
+    // not the build.
+    if lld {
+        return Ok(true);
+    }
     let Some(prefix) = platform.cross else {
-        // This machine's linker is whatever cargo's configuration picks (a
-        // distribution's rustc may link with GNU ld, gold or mold): only
-        // lld is taken to pack, so that a linker that rejects the flag
-        // costs memory, not the build.
-        return Ok(crate::symbol_order::linked_by_lld(binary));
+        return Ok(false);
     };
-    // The cross build links with `{prefix}-gcc`, that is GNU ld.
+    // Without lld the cross build links with `{prefix}-gcc`, that is GNU ld.
     let version = output(Command::new(format!("{prefix}-ld")).arg("--version"))
         .and_then(|v| gnu_ld_version(&v))
         .unwrap_or((0, 0));
@@ -503,6 +534,31 @@ fn gnu_ld_version(text: &str) -> Option<(u32, u32)> {
     let last = text.lines().next()?.split_whitespace().last()?;
     let mut parts = last.split('.');
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// The directory of the toolchain's `ld.lld` (rustup's toolchains ship
+/// rust-lld behind it, in `lib/rustlib/<host>/bin/gcc-ld`), for a gcc that
+/// links with `-fuse-ld=lld -B<dir>`; `None` when the toolchain that builds
+/// `root` has none (a distribution's rustc).
+fn rust_lld_dir(root: &Path) -> Option<PathBuf> {
+    let rustc = |args: &[&str]| {
+        let mut cmd = Command::new("rustc");
+        cmd.current_dir(root).args(args);
+        if root != workspace_root() {
+            // Another tree's toolchain file decides, as for its build.
+            cmd.env_remove("RUSTUP_TOOLCHAIN");
+        }
+        output(&mut cmd)
+    };
+    let sysroot = rustc(&["--print", "sysroot"])?;
+    let host = rustc(&["-vV"])?
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))?;
+    let dir = Path::new(sysroot.trim())
+        .join("lib/rustlib")
+        .join(host)
+        .join("bin/gcc-ld");
+    dir.join("ld.lld").is_file().then_some(dir)
 }
 
 /// Whether `binary` has a packed relocation table (a DT_RELR entry).

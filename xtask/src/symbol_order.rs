@@ -59,13 +59,13 @@ struct Symbol {
 }
 
 /// The text symbols of `binary`, by address (`nm`).
-fn text_symbols(binary: &Path) -> anyhow::Result<Vec<Symbol>> {
+fn text_symbols(nm: &str, binary: &Path) -> anyhow::Result<Vec<Symbol>> {
     let out = output(
-        Command::new("nm")
+        Command::new(nm)
             .args(["-n", "-S", "--defined-only"])
             .arg(binary),
     )
-    .with_context(|| format!("nm {} (install binutils)", binary.display()))?;
+    .with_context(|| format!("{nm} {} (install binutils)", binary.display()))?;
     let mut syms = Vec::new();
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -166,12 +166,16 @@ fn read_list(root: &Path) -> anyhow::Result<Option<Vec<u64>>> {
 /// its path and how many symbols it names, or `None` when there is no list.
 /// The file is named after its contents: cargo tells link arguments apart,
 /// not the files they name, so a new list must be a new argument.
-pub fn linker_order(binary: &Path, dir: &Path) -> anyhow::Result<Option<(PathBuf, usize)>> {
+pub fn linker_order(
+    nm: &str,
+    binary: &Path,
+    dir: &Path,
+) -> anyhow::Result<Option<(PathBuf, usize)>> {
     let Some(keys) = read_list(&workspace_root())? else {
         return Ok(None);
     };
     let rank: HashMap<u64, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-    let mut found: Vec<(usize, String)> = text_symbols(binary)?
+    let mut found: Vec<(usize, String)> = text_symbols(nm, binary)?
         .into_iter()
         .filter_map(|s| rank.get(&key(&s.name)).map(|r| (*r, s.name)))
         .collect();
@@ -191,12 +195,12 @@ pub fn linker_order(binary: &Path, dir: &Path) -> anyhow::Result<Option<(PathBuf
 /// total size of it. (Not all: LLVM merges identical functions into one
 /// body with several names, and a name the file does not give can share
 /// the body of one it does.)
-pub fn is_laid_out(binary: &Path, order: &Path) -> anyhow::Result<bool> {
+pub fn is_laid_out(nm: &str, binary: &Path, order: &Path) -> anyhow::Result<bool> {
     let listed: std::collections::HashSet<String> = std::fs::read_to_string(order)?
         .lines()
         .map(str::to_owned)
         .collect();
-    let syms = text_symbols(binary)?;
+    let syms = text_symbols(nm, binary)?;
     let start = syms.iter().map(|s| s.addr).min().unwrap_or(0);
     let bodies: HashMap<u64, u64> = syms
         .iter()
@@ -463,7 +467,7 @@ pub fn generate(opts: &Options) -> anyhow::Result<()> {
         pages?
     };
 
-    let syms = text_symbols(&binary)?;
+    let syms = text_symbols("nm", &binary)?;
     let touched: std::collections::HashSet<u64> = pages.iter().map(|p| p / 4096).collect();
     let mut keys = Vec::new();
     let mut seen = std::collections::HashSet::new();

@@ -74,8 +74,10 @@ container() {
 agent_run() {
     mode=$1; shift
     rm -f /tmp/hook.out
-    lookout run --mode "$mode" --output json --hooks-dir /host/etc/lookout/hooks.d \
-        >/tmp/events.$mode 2>/tmp/log.$mode &
+    # chroot, not the function: $! is then the agent itself (chroot execs
+    # it), not a subshell around it.
+    chroot $A /usr/local/bin/lookout run --mode "$mode" --output json \
+        --hooks-dir /host/etc/lookout/hooks.d >/tmp/events.$mode 2>/tmp/log.$mode &
     agent=$!
     if ! wait_for /tmp/log.$mode 60 '"ready"'; then
         echo "agent in mode $mode not ready within 60 s"
@@ -97,6 +99,9 @@ agent_run() {
             echo "no removed event for $id within 20 s"
     done
     section "metrics.$mode" wget -q -O - http://127.0.0.1:9477/metrics
+    # Its memory after its containers (VmRSS, RssAnon, RssFile): the
+    # image's own binary on this kernel and architecture.
+    section "memory.$mode" grep -E '^(VmRSS|RssAnon|RssFile|RssShmem):' /proc/$agent/status
     kill -TERM $agent
     i=0
     while kill -0 $agent 2>/dev/null && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.1; done
