@@ -29,6 +29,8 @@ pub struct HubMetrics {
     pub(super) watchers: Gauge,
     pub(super) watchers_dropped: Counter,
     pub(super) subscribers: Gauge,
+    pub(super) window_changes: Gauge,
+    pub(super) window_bytes: Gauge,
     holds: Family<GateLabels, Counter>,
     decisions: Family<GateLabels, Counter>,
     hold_seconds: Family<SubscriberLabels, Histogram>,
@@ -56,6 +58,18 @@ impl HubMetrics {
                 r,
                 "gate_subscribers",
                 "Gate subscribers connected",
+                Gauge::default(),
+            ),
+            window_changes: register(
+                r,
+                "watch_window_changes",
+                "Changes kept for watchers that resume from a revision",
+                Gauge::default(),
+            ),
+            window_bytes: register(
+                r,
+                "watch_window_bytes",
+                "Estimated bytes of the containers of the changes kept for resuming watchers",
                 Gauge::default(),
             ),
             holds: register(

@@ -96,11 +96,46 @@ pub struct Change {
     pub monotonic_ns: u64,
 }
 
+/// Roughly the heap bytes a container's record holds: the struct, its
+/// strings, its maps' and lists' entries (each with a few words of the
+/// collection's own). What bounds [`HubConfig::window_bytes`]; not exact,
+/// and never less than the strings themselves.
+pub(crate) fn record_bytes(c: &Container) -> usize {
+    const ENTRY: usize = 64;
+    let map = |m: &std::collections::BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| k.len() + v.len() + ENTRY)
+            .sum::<usize>()
+    };
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    std::mem::size_of::<Container>()
+        + c.id.len()
+        + map(&c.annotations)
+        + map(&c.labels)
+        + c.args.iter().map(|a| a.len() + ENTRY).sum::<usize>()
+        + opt(&c.cgroup)
+        + opt(&c.hostname)
+        + opt(&c.sandbox)
+        + opt(&c.name)
+        + opt(&c.image)
+        + opt(&c.image_id)
+        + c.bundle.as_ref().map_or(0, |b| b.as_os_str().len())
+        + c.runtime_root.as_ref().map_or(0, |b| b.as_os_str().len())
+        + c.kubernetes.as_ref().map_or(0, |_| 256)
+}
+
 /// Hub limits and policies.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
     /// Changes retained for resuming watchers.
     pub window: usize,
+    /// Bytes at most (estimated: the containers' strings and entries) of
+    /// the containers of the changes retained for resuming watchers. A removed container's
+    /// record stays in the window after it is gone: without a byte bound,
+    /// containers with large annotations (up to 256 KiB each are kept)
+    /// created and deleted in a loop would hold `window` of them, a GiB.
+    /// A watcher that resumes from before the window gets a snapshot.
+    pub window_bytes: usize,
     /// Changes buffered per watcher before it is dropped as too slow.
     pub watch_buffer: usize,
     /// Watchers at most.
@@ -122,6 +157,7 @@ impl Default for HubConfig {
     fn default() -> Self {
         HubConfig {
             window: 4096,
+            window_bytes: 16 << 20,
             watch_buffer: 1024,
             max_watchers: 1024,
             max_subscribers: 64,
@@ -153,6 +189,8 @@ struct State {
     revision: u64,
     live: HashMap<String, Live>,
     log: VecDeque<Arc<Change>>,
+    /// [`record_bytes`] of the changes in `log`.
+    log_bytes: usize,
     watchers: Vec<Watcher>,
     /// Why a container's start was denied, until its removal is reported.
     denied: HashMap<String, String>,
@@ -270,6 +308,7 @@ impl Hub {
                 revision: start,
                 live: HashMap::new(),
                 log: VecDeque::new(),
+                log_bytes: 0,
                 watchers: Vec::new(),
                 denied: HashMap::new(),
                 decided: HashMap::new(),
@@ -510,6 +549,7 @@ impl Hub {
             .collect();
         s.revision = revision;
         s.log.clear();
+        s.log_bytes = 0;
     }
 
     /// One change of the serving agent, with its revision. Changes at or

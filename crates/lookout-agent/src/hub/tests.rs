@@ -722,3 +722,89 @@ fn the_hub_and_the_output_share_the_reporters_record() {
     assert!(Arc::ptr_eq(&out[0].container, &stopped));
     assert_eq!(out[0].container.status, Status::Stopped);
 }
+
+/// A container whose annotations hold `kib` KiB.
+fn annotated(id: &str, kib: usize) -> Container {
+    let mut c = Container::new(id, RuntimeKind::Runc);
+    c.pid = Some(7);
+    for i in 0..kib / 4 {
+        c.annotations
+            .insert(format!("big/{i:03}"), "x".repeat(4096));
+    }
+    c
+}
+
+#[tokio::test]
+async fn removed_containers_with_large_annotations_cost_the_window_its_bytes_not_more() {
+    // Created and deleted in a loop, each with 256 KiB of annotations (the
+    // most the agent keeps): the window holds their records after they
+    // are gone, up to its byte bound, not up to its 4096 changes.
+    let budget = 1 << 20;
+    let mut r = Registry::default();
+    let h = Hub::new(
+        HubConfig {
+            window_bytes: budget,
+            ..HubConfig::default()
+        },
+        HubMetrics::register(&mut r),
+    );
+    let (rev0, _) = h.list(&Filter::default());
+    let first = Arc::new(annotated("c0", 256));
+    let first_weak = Arc::downgrade(&first);
+    let one = record_bytes(&first);
+    assert!(one > 256 << 10, "at least the strings: {one}");
+    feed(&h, ContainerEvent::added(Source::RuntimeHook, first));
+    feed(
+        &h,
+        ContainerEvent::removed(Source::RuntimeHook, annotated("c0", 256), Some(0)),
+    );
+    for i in 1..40 {
+        let id = format!("c{i}");
+        feed(
+            &h,
+            ContainerEvent::added(Source::RuntimeHook, annotated(&id, 256)),
+        );
+        feed(
+            &h,
+            ContainerEvent::removed(Source::RuntimeHook, annotated(&id, 256), Some(0)),
+        );
+    }
+    {
+        let s = lock(&h.state);
+        let held: usize = s.log.iter().map(|c| record_bytes(&c.live.container)).sum();
+        assert_eq!(held, s.log_bytes, "the running count is the log's");
+        assert!(s.log_bytes <= budget, "{} > {budget}", s.log_bytes);
+        assert!(
+            s.log.len() >= 2 && s.log.len() < 8,
+            "{} changes",
+            s.log.len()
+        );
+    }
+    // The first container's record is freed, not only uncounted.
+    assert!(
+        first_weak.upgrade().is_none(),
+        "still held after the window moved on"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &r).expect("metrics");
+    assert!(text.contains("watch_window_bytes"), "{text}");
+    // A watcher from before the window gets a snapshot; one from the last
+    // revision but one gets the last change.
+    let (now_rev, _) = h.list(&Filter::default());
+    assert!(matches!(
+        h.watch(rev0, Filter::default())
+            .expect("watch")
+            .next()
+            .await,
+        Ok(WatchItem::Snapshot { .. })
+    ));
+    match h
+        .watch(now_rev - 1, Filter::default())
+        .expect("watch")
+        .next()
+        .await
+    {
+        Ok(WatchItem::Change(c)) => assert_eq!(c.revision, now_rev),
+        other => panic!("expected the last change: {other:?}"),
+    }
+}

@@ -96,10 +96,19 @@ impl Hub {
     /// Appends `change` to the log and hands it to every matching watcher
     /// (without waiting: a full watcher is dropped).
     pub(super) fn fan_out(&self, s: &mut State, change: &Arc<Change>) {
+        s.log_bytes += super::record_bytes(&change.live.container);
         s.log.push_back(Arc::clone(change));
-        while s.log.len() > self.config.window {
-            s.log.pop_front();
+        // The newest change always stays: a watcher at the revision before
+        // it resumes without a snapshot.
+        while s.log.len() > self.config.window
+            || (s.log_bytes > self.config.window_bytes && s.log.len() > 1)
+        {
+            if let Some(old) = s.log.pop_front() {
+                s.log_bytes -= super::record_bytes(&old.live.container);
+            }
         }
+        self.metrics.window_changes.set(s.log.len() as i64);
+        self.metrics.window_bytes.set(s.log_bytes as i64);
         let metrics = &self.metrics;
         s.watchers.retain(|w| {
             if !w.filter.matches(&change.live.container) {
