@@ -307,12 +307,9 @@ fn compile(
         let mut cmd = if root == workspace_root() {
             cargo()
         } else {
-            // Another tree (`bench --against`): its own toolchain file and
-            // its own BPF object decide.
-            let mut cmd = Command::new("cargo");
-            cmd.current_dir(root)
-                .env_remove("RUSTUP_TOOLCHAIN")
-                .env_remove("LOOKOUT_EBPF_OBJECT");
+            // Another tree (`bench --against`): its own BPF object decides.
+            let mut cmd = in_tree("cargo", root);
+            cmd.env_remove("LOOKOUT_EBPF_OBJECT");
             cmd
         };
         cmd.args([subcommand, "-j2", "--release", "--locked"])
@@ -343,14 +340,8 @@ fn compile(
     // toolchain ships its own lld (rustup's do), the final link uses it, as
     // the native build does: it packs relocations for every architecture,
     // and takes the symbol-order list.
-    let cross_lld = match platform.cross {
-        Some(_) => rust_lld_dir(root),
-        None => None,
-    };
-    let lld = match platform.cross {
-        Some(_) => cross_lld.is_some(),
-        None => crate::symbol_order::linked_by_lld(&binary),
-    };
+    let cross_lld = platform.cross.and_then(|_| rust_lld_dir(root));
+    let lld = cross_lld.is_some() || crate::symbol_order::linked_by_lld(&binary);
     let nm = platform.tool("nm");
     // The start-up code laid out together (see symbol_order.rs). The list is
     // made on amd64; most of its functions are the same on arm64.
@@ -541,15 +532,7 @@ fn gnu_ld_version(text: &str) -> Option<(u32, u32)> {
 /// links with `-fuse-ld=lld -B<dir>`; `None` when the toolchain that builds
 /// `root` has none (a distribution's rustc).
 fn rust_lld_dir(root: &Path) -> Option<PathBuf> {
-    let rustc = |args: &[&str]| {
-        let mut cmd = Command::new("rustc");
-        cmd.current_dir(root).args(args);
-        if root != workspace_root() {
-            // Another tree's toolchain file decides, as for its build.
-            cmd.env_remove("RUSTUP_TOOLCHAIN");
-        }
-        output(&mut cmd)
-    };
+    let rustc = |args: &[&str]| output(in_tree("rustc", root).args(args));
     let sysroot = rustc(&["--print", "sysroot"])?;
     let host = rustc(&["-vV"])?
         .lines()
@@ -559,6 +542,18 @@ fn rust_lld_dir(root: &Path) -> Option<PathBuf> {
         .join(host)
         .join("bin/gcc-ld");
     dir.join("ld.lld").is_file().then_some(dir)
+}
+
+/// `program` (cargo, rustc) run in tree `root` with the toolchain that
+/// builds it: this one's own, or, for another tree (`bench --against`),
+/// the one its `rust-toolchain.toml` names.
+fn in_tree(program: &str, root: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(root);
+    if root != workspace_root() {
+        cmd.env_remove("RUSTUP_TOOLCHAIN");
+    }
+    cmd
 }
 
 /// Whether `binary` has a packed relocation table (a DT_RELR entry).

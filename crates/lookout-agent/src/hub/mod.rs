@@ -130,8 +130,9 @@ pub struct HubConfig {
     /// Changes retained for resuming watchers.
     pub window: usize,
     /// Bytes at most (estimated: the containers' strings and entries) of
-    /// the containers of the changes retained for resuming watchers. A removed container's
-    /// record stays in the window after it is gone: without a byte bound,
+    /// the containers of the changes retained for resuming watchers. A
+    /// removed container's record stays in the window after it is gone:
+    /// without a byte bound,
     /// containers with large annotations (up to 256 KiB each are kept)
     /// created and deleted in a loop would hold `window` of them, a GiB.
     /// A watcher that resumes from before the window gets a snapshot.
