@@ -734,40 +734,44 @@ fn annotated(id: &str, kib: usize) -> Container {
     c
 }
 
+/// A hub whose window holds `window_bytes` of records, and its registry.
+fn byte_bounded_hub(window_bytes: usize) -> (Arc<Hub>, Registry) {
+    let mut r = Registry::default();
+    let h = Hub::new(
+        HubConfig {
+            window_bytes,
+            ..HubConfig::default()
+        },
+        HubMetrics::register(&mut r),
+    );
+    (h, r)
+}
+
+/// Adds `c`, then removes a container of its id with as many annotations.
+fn add_and_remove(h: &Arc<Hub>, c: Arc<Container>) {
+    let id = c.id.clone();
+    feed(h, ContainerEvent::added(Source::RuntimeHook, c));
+    feed(
+        h,
+        ContainerEvent::removed(Source::RuntimeHook, annotated(&id, 256), Some(0)),
+    );
+}
+
 #[tokio::test]
 async fn removed_containers_with_large_annotations_cost_the_window_its_bytes_not_more() {
     // Created and deleted in a loop, each with 256 KiB of annotations (the
     // most the agent keeps): the window holds their records after they
     // are gone, up to its byte bound, not up to its 4096 changes.
     let budget = 1 << 20;
-    let mut r = Registry::default();
-    let h = Hub::new(
-        HubConfig {
-            window_bytes: budget,
-            ..HubConfig::default()
-        },
-        HubMetrics::register(&mut r),
-    );
+    let (h, r) = byte_bounded_hub(budget);
     let (rev0, _) = h.list(&Filter::default());
     let first = Arc::new(annotated("c0", 256));
     let first_weak = Arc::downgrade(&first);
     let one = record_bytes(&first);
     assert!(one > 256 << 10, "at least the strings: {one}");
-    feed(&h, ContainerEvent::added(Source::RuntimeHook, first));
-    feed(
-        &h,
-        ContainerEvent::removed(Source::RuntimeHook, annotated("c0", 256), Some(0)),
-    );
+    add_and_remove(&h, first);
     for i in 1..40 {
-        let id = format!("c{i}");
-        feed(
-            &h,
-            ContainerEvent::added(Source::RuntimeHook, annotated(&id, 256)),
-        );
-        feed(
-            &h,
-            ContainerEvent::removed(Source::RuntimeHook, annotated(&id, 256), Some(0)),
-        );
+        add_and_remove(&h, Arc::new(annotated(&format!("c{i}"), 256)));
     }
     {
         let s = lock(&h.state);
@@ -807,4 +811,75 @@ async fn removed_containers_with_large_annotations_cost_the_window_its_bytes_not
         Ok(WatchItem::Change(c)) => assert_eq!(c.revision, now_rev),
         other => panic!("expected the last change: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_watcher_that_stops_reading_holds_no_record_the_window_let_go() {
+    // A consumer stops reading while containers with 256 KiB of
+    // annotations are created and deleted: its queue must not keep their
+    // records once the window's byte bound lets them go. It learns it fell
+    // behind when it reads again; one that keeps up misses nothing.
+    let budget = 1 << 20;
+    let (h, r) = byte_bounded_hub(budget);
+    let (rev0, _) = h.list(&Filter::default());
+    let mut stalled = h.watch(rev0, Filter::default()).expect("watch");
+    let mut reader = h.watch(rev0, Filter::default()).expect("watch");
+    let mut weak = Vec::new();
+    let mut seen = Vec::new();
+    for i in 0..40 {
+        let c = Arc::new(annotated(&format!("c{i}"), 256));
+        weak.push(Arc::downgrade(&c));
+        add_and_remove(&h, c);
+        for _ in 0..2 {
+            match reader.next().await {
+                Ok(WatchItem::Change(c)) => seen.push((c.kind, c.live.container.id.clone())),
+                other => panic!("the reader that keeps up: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(seen.len(), 80, "the reader got every change");
+    assert_eq!(seen[0], (EventKind::Added, "c0".to_owned()));
+    assert_eq!(seen[79], (EventKind::Removed, "c39".to_owned()));
+    // Nothing but the window holds a record: the stalled watcher's 80
+    // queued changes did not keep 20 MiB alive.
+    let held = weak.iter().filter(|w| w.upgrade().is_some()).count();
+    let window = lock(&h.state).log.len();
+    assert!(
+        held <= window / 2 + 1,
+        "{held} records held, window {window}"
+    );
+    assert!(held < 8, "{held} records held");
+    // It reads again: it fell behind the window, and says so at once.
+    assert_eq!(
+        stalled.next().await.expect_err("behind the window"),
+        WatchEnd::Lagged(HubConfig::default().watch_buffer)
+    );
+    assert_eq!(
+        stalled.next().await.expect_err("still ended"),
+        WatchEnd::Lagged(HubConfig::default().watch_buffer)
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &r).expect("metrics");
+    assert!(text.contains("\nwatchers_dropped_total 1\n"), "{text}");
+    // The hub stops queueing for it at the next change.
+    feed(&h, added("after", Status::Running));
+    assert_eq!(lock(&h.state).watchers.len(), 1, "only the reader is left");
+}
+
+#[tokio::test]
+async fn a_resumed_watchers_backlog_does_not_outlive_the_window() {
+    // A watcher resumes from a revision in the window and does not read
+    // its backlog while the window moves on: the backlog held the records
+    // as strongly as the queue did.
+    let (h, _r) = byte_bounded_hub(1 << 20);
+    let (rev0, _) = h.list(&Filter::default());
+    let c = Arc::new(annotated("c0", 256));
+    let first = Arc::downgrade(&c);
+    add_and_remove(&h, c);
+    let mut resumed = h.watch(rev0, Filter::default()).expect("watch");
+    for i in 1..40 {
+        add_and_remove(&h, Arc::new(annotated(&format!("c{i}"), 256)));
+    }
+    assert!(first.upgrade().is_none(), "the backlog kept c0's record");
+    assert!(matches!(resumed.next().await, Err(WatchEnd::Lagged(_))));
 }

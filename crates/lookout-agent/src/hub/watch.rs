@@ -1,10 +1,19 @@
 //! Watch: a consumer's view of the table, a snapshot and then every change
 //! after it, through a bounded queue. A watcher that falls behind is
 //! dropped (it resumes from its revision), never waited for.
+//!
+//! A watcher's queue holds its changes weakly ([`Weak`]): only the resume
+//! window keeps a change's record alive. A consumer that stops reading
+//! therefore costs a few words per queued change, not the records: without
+//! that, a stalled watcher kept up to `watch_buffer` records (1024
+//! containers with 256 KiB of annotations: a quarter of a GiB) after the
+//! window's byte bound had let them go. A change that left the window
+//! before its watcher read it ends the watch as lagged, as a full queue
+//! does: the watcher resumes from its last revision (a snapshot).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc;
 
@@ -62,7 +71,7 @@ impl Hub {
                 .cloned()
                 .collect();
             containers.sort_by_key(|l| l.added_monotonic_ns);
-            backlog.push_back(WatchItem::Snapshot {
+            backlog.push_back(Pending::Snapshot {
                 revision: s.revision,
                 containers,
             });
@@ -71,7 +80,7 @@ impl Hub {
                 s.log
                     .iter()
                     .filter(|c| c.revision > since && filter.matches(&c.live.container))
-                    .map(|c| WatchItem::Change(Arc::clone(c))),
+                    .map(|c| Pending::Change(Arc::downgrade(c))),
             );
         }
         let (tx, rx) = mpsc::channel(self.config.watch_buffer);
@@ -88,6 +97,7 @@ impl Hub {
             rx,
             lagged,
             buffer: self.config.watch_buffer,
+            ended: None,
             metrics: self.metrics.clone(),
             open: Arc::clone(&self.open_watches),
         })
@@ -114,7 +124,7 @@ impl Hub {
             if !w.filter.matches(&change.live.container) {
                 return !w.tx.is_closed();
             }
-            match w.tx.try_send(Arc::clone(change)) {
+            match w.tx.try_send(Arc::downgrade(change)) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -149,10 +159,11 @@ pub enum WatchItem {
 /// Why a watch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WatchEnd {
-    /// The watcher did not keep up: its buffer filled. Watch again from
-    /// the last revision seen.
+    /// The watcher did not keep up: its buffer of this many changes
+    /// filled, or a change it had not read yet left the resume window.
+    /// Watch again from the last revision seen.
     #[error(
-        "the watcher did not keep up (its buffer of {0} changes filled); watch again from the last revision seen"
+        "the watcher did not keep up (its buffer of {0} changes filled, or the agent's resume window moved past what it had not read); watch again from the last revision seen"
     )]
     Lagged(usize),
     /// The agent is shutting down.
@@ -160,12 +171,24 @@ pub enum WatchEnd {
     Closed,
 }
 
+/// What a watch has yet to hand out: changes are held weakly (see the
+/// module docs).
+enum Pending {
+    Snapshot {
+        revision: u64,
+        containers: Vec<Live>,
+    },
+    Change(Weak<Change>),
+}
+
 /// A watch: a backlog (snapshot or retained changes), then live changes.
 pub struct Watch {
-    backlog: VecDeque<WatchItem>,
-    rx: mpsc::Receiver<Arc<Change>>,
+    backlog: VecDeque<Pending>,
+    rx: mpsc::Receiver<Weak<Change>>,
     lagged: Arc<AtomicBool>,
     buffer: usize,
+    /// How it ended, once it did: every later call says the same.
+    ended: Option<WatchEnd>,
     metrics: HubMetrics,
     /// [`Hub::watches_open`].
     open: Arc<AtomicU64>,
@@ -174,13 +197,49 @@ pub struct Watch {
 impl Watch {
     /// The next item; `Err` when the watch ended.
     pub async fn next(&mut self) -> Result<WatchItem, WatchEnd> {
-        if let Some(i) = self.backlog.pop_front() {
-            return Ok(i);
+        if let Some(end) = self.ended {
+            return Err(end);
         }
-        match self.rx.recv().await {
+        let change = match self.backlog.pop_front() {
+            Some(Pending::Snapshot {
+                revision,
+                containers,
+            }) => {
+                return Ok(WatchItem::Snapshot {
+                    revision,
+                    containers,
+                });
+            }
+            Some(Pending::Change(c)) => c,
+            None => match self.rx.recv().await {
+                Some(c) => c,
+                None => {
+                    let end = if self.lagged.load(Ordering::Acquire) {
+                        WatchEnd::Lagged(self.buffer)
+                    } else {
+                        WatchEnd::Closed
+                    };
+                    self.ended = Some(end);
+                    return Err(end);
+                }
+            },
+        };
+        match change.upgrade() {
             Some(c) => Ok(WatchItem::Change(c)),
-            None if self.lagged.load(Ordering::Acquire) => Err(WatchEnd::Lagged(self.buffer)),
-            None => Err(WatchEnd::Closed),
+            // The window let it go: what this watcher missed is no longer
+            // here to give it.
+            None => {
+                self.metrics.watchers_dropped.inc();
+                tracing::warn!(
+                    "a watcher fell behind the resume window (the changes it had not read are gone); disconnected"
+                );
+                self.ended = Some(WatchEnd::Lagged(self.buffer));
+                self.backlog.clear();
+                // The hub stops queueing for it, and what it queued goes.
+                self.rx.close();
+                while self.rx.try_recv().is_ok() {}
+                Err(WatchEnd::Lagged(self.buffer))
+            }
         }
     }
 }
@@ -194,6 +253,6 @@ impl Drop for Watch {
 
 pub(super) struct Watcher {
     pub(super) filter: Filter,
-    pub(super) tx: mpsc::Sender<Arc<Change>>,
+    pub(super) tx: mpsc::Sender<Weak<Change>>,
     pub(super) lagged: Arc<AtomicBool>,
 }

@@ -231,8 +231,9 @@ pub struct RunArgs {
     /// $POD_NAMESPACE (lookout's own) when set.
     #[arg(long = "gate-exempt-namespace", value_name = "NS")]
     pub(crate) gate_exempt_namespaces: Vec<String>,
-    /// Changes buffered per watcher; one that falls this far behind is
-    /// disconnected (it resumes from its last revision).
+    /// Changes buffered per watcher; one that falls this far behind, or
+    /// behind the resume window, is disconnected (it resumes from its last
+    /// revision).
     #[arg(long, default_value = "1024", value_name = "N")]
     pub(crate) watch_buffer: usize,
 }
