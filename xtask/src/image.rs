@@ -354,7 +354,7 @@ fn compile(
         None
     } else {
         match crate::symbol_order::linker_order(&nm, &binary, target)? {
-            Some((_, 0)) => {
+            Some(order) if order.symbols == 0 => {
                 say(
                     "image",
                     &format!(
@@ -401,9 +401,28 @@ fn compile(
             ),
         );
     }
-    if let Some((order, n)) = &laid_out {
-        say("image", &format!("{n} functions laid out first"));
-        link.extend(crate::symbol_order::link_args(order));
+    if let Some(order) = &laid_out {
+        say(
+            "image",
+            &format!(
+                "{} functions laid out first ({} of the list's {} entries found)",
+                order.symbols, order.keys_found, order.keys
+            ),
+        );
+        // The list is made on amd64: arm64 builds find 87 % of it even
+        // when it is fresh (functions of the other architecture's code).
+        if platform.cross.is_none() && order.coverage() < crate::symbol_order::STALE_BELOW {
+            say(
+                "image",
+                &format!(
+                    "warning: {} is stale: {:.0} % of it names a function of this build \
+                     (run `sudo -E cargo xtask symbol-order`; idle RSS grows as it ages)",
+                    crate::symbol_order::ORDER_FILE,
+                    100.0 * order.coverage()
+                ),
+            );
+        }
+        link.extend(crate::symbol_order::link_args(&order.file));
     }
     if !link.is_empty() {
         exec(
@@ -419,13 +438,13 @@ fn compile(
             target.display()
         );
     }
-    if let Some((order, _)) = &laid_out
-        && !crate::symbol_order::is_laid_out(&nm, &binary, order)?
+    if let Some(order) = &laid_out
+        && !crate::symbol_order::is_laid_out(&nm, &binary, &order.file)?
     {
         bail!(
             "{} was not linked with {}: remove {} and build again",
             binary.display(),
-            order.display(),
+            order.file.display(),
             target.display()
         );
     }
