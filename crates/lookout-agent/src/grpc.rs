@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::hub::{
     Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
-    WatchItem,
+    WatchItem, WeakLive,
 };
 
 /// Who may use `Gate` besides root.
@@ -204,11 +204,21 @@ impl Lookout for Service {
             loop {
                 match w.next().await {
                     Ok(WatchItem::Snapshot { revision, containers }) => {
-                        for l in &containers {
+                        // Held weakly while they are sent: a consumer that
+                        // stops reading in the middle keeps no record alive
+                        // that the table and the window let go.
+                        let pending: Vec<WeakLive> = containers.iter().map(WeakLive::new).collect();
+                        drop(containers);
+                        for l in &pending {
+                            let Some(l) = l.upgrade() else {
+                                let e = w.fell_behind();
+                                yield Err(Status::resource_exhausted(e.to_string()));
+                                return;
+                            };
                             yield Ok(pb::WatchEvent {
                                 kind: pb::watch_event::Kind::Snapshot as i32,
                                 revision,
-                                container: Some(container_pb(l)),
+                                container: Some(container_pb(&l)),
                                 ..Default::default()
                             });
                         }

@@ -31,6 +31,7 @@ pub use gate::{
 use gate::{OpenHold, Parked, Subscriber};
 pub use metrics::HubMetrics;
 use watch::Watcher;
+pub(crate) use watch::WeakLive;
 pub use watch::{Watch, WatchEnd, WatchItem};
 
 /// Which containers a consumer wants: every field that is set must match.

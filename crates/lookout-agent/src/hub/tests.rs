@@ -883,3 +883,41 @@ async fn a_resumed_watchers_backlog_does_not_outlive_the_window() {
     assert!(first.upgrade().is_none(), "the backlog kept c0's record");
     assert!(matches!(resumed.next().await, Err(WatchEnd::Lagged(_))));
 }
+
+#[tokio::test]
+async fn a_snapshot_not_yet_read_does_not_outlive_its_containers_and_the_window() {
+    // A watcher connects while containers with 256 KiB of annotations run,
+    // and reads nothing: once they are gone and the window let their
+    // changes go, its snapshot holds none of their records.
+    let (h, _r) = byte_bounded_hub(1 << 20);
+    let mut weak = Vec::new();
+    for i in 0..3 {
+        let c = Arc::new(annotated(&format!("run{i}"), 256));
+        weak.push(Arc::downgrade(&c));
+        feed(&h, ContainerEvent::added(Source::RuntimeHook, c));
+    }
+    let mut late = h.watch(0, Filter::default()).expect("watch");
+    let mut prompt = h.watch(0, Filter::default()).expect("watch");
+    match prompt.next().await {
+        Ok(WatchItem::Snapshot { containers, .. }) => assert_eq!(containers.len(), 3),
+        other => panic!("a snapshot first: {other:?}"),
+    }
+    for i in 0..3 {
+        feed(
+            &h,
+            ContainerEvent::removed(
+                Source::RuntimeHook,
+                annotated(&format!("run{i}"), 256),
+                Some(0),
+            ),
+        );
+    }
+    for i in 0..20 {
+        add_and_remove(&h, Arc::new(annotated(&format!("c{i}"), 256)));
+    }
+    assert!(
+        weak.iter().all(|w| w.upgrade().is_none()),
+        "the unread snapshot kept a removed container's record"
+    );
+    assert!(matches!(late.next().await, Err(WatchEnd::Lagged(_))));
+}

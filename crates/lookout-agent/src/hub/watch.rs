@@ -2,8 +2,9 @@
 //! after it, through a bounded queue. A watcher that falls behind is
 //! dropped (it resumes from its revision), never waited for.
 //!
-//! A watcher's queue holds its changes weakly ([`Weak`]): only the resume
-//! window keeps a change's record alive. A consumer that stops reading
+//! A watcher's queue holds its changes weakly ([`Weak`]), and its snapshot
+//! its containers: only the resume window (and the table, for containers
+//! that run) keeps a record alive. A consumer that stops reading
 //! therefore costs a few words per queued change, not the records: without
 //! that, a stalled watcher kept up to `watch_buffer` records (1024
 //! containers with 256 KiB of annotations: a quarter of a GiB) after the
@@ -16,6 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc;
+
+use lookout_model::{Container, Source};
 
 use super::{Change, Filter, Hub, HubMetrics, Live, Refused, State, lock};
 
@@ -73,7 +76,7 @@ impl Hub {
             containers.sort_by_key(|l| l.added_monotonic_ns);
             backlog.push_back(Pending::Snapshot {
                 revision: s.revision,
-                containers,
+                containers: containers.iter().map(WeakLive::new).collect(),
             });
         } else {
             backlog.extend(
@@ -171,14 +174,48 @@ pub enum WatchEnd {
     Closed,
 }
 
-/// What a watch has yet to hand out: changes are held weakly (see the
-/// module docs).
+/// What a watch has yet to hand out: changes and snapshots are held
+/// weakly (see the module docs).
 enum Pending {
     Snapshot {
         revision: u64,
-        containers: Vec<Live>,
+        containers: Vec<WeakLive>,
     },
     Change(Weak<Change>),
+}
+
+/// A snapshot's container, held weakly until it is sent: while it runs
+/// it is the table's (or the window's) record; after it is removed and
+/// the window let its changes go, a consumer that stopped reading in the
+/// middle of a snapshot keeps none of it alive (see the module docs).
+pub(crate) struct WeakLive {
+    container: Weak<Container>,
+    source: Source,
+    added_monotonic_ns: u64,
+    added_unix_ms: i64,
+}
+
+impl WeakLive {
+    /// `live`, held weakly.
+    pub(crate) fn new(live: &Live) -> WeakLive {
+        WeakLive {
+            container: Arc::downgrade(&live.container),
+            source: live.source,
+            added_monotonic_ns: live.added_monotonic_ns,
+            added_unix_ms: live.added_unix_ms,
+        }
+    }
+
+    /// The container, unless nothing else holds its record any more: the
+    /// watcher fell behind the window.
+    pub(crate) fn upgrade(&self) -> Option<Live> {
+        Some(Live {
+            container: self.container.upgrade()?,
+            source: self.source,
+            added_monotonic_ns: self.added_monotonic_ns,
+            added_unix_ms: self.added_unix_ms,
+        })
+    }
 }
 
 /// A watch: a backlog (snapshot or retained changes), then live changes.
@@ -205,10 +242,13 @@ impl Watch {
                 revision,
                 containers,
             }) => {
-                return Ok(WatchItem::Snapshot {
-                    revision,
-                    containers,
-                });
+                return match containers.iter().map(WeakLive::upgrade).collect() {
+                    Some(containers) => Ok(WatchItem::Snapshot {
+                        revision,
+                        containers,
+                    }),
+                    None => Err(self.fell_behind()),
+                };
             }
             Some(Pending::Change(c)) => c,
             None => match self.rx.recv().await {
@@ -226,21 +266,25 @@ impl Watch {
         };
         match change.upgrade() {
             Some(c) => Ok(WatchItem::Change(c)),
-            // The window let it go: what this watcher missed is no longer
-            // here to give it.
-            None => {
-                self.metrics.watchers_dropped.inc();
-                tracing::warn!(
-                    "a watcher fell behind the resume window (the changes it had not read are gone); disconnected"
-                );
-                self.ended = Some(WatchEnd::Lagged(self.buffer));
-                self.backlog.clear();
-                // The hub stops queueing for it, and what it queued goes.
-                self.rx.close();
-                while self.rx.try_recv().is_ok() {}
-                Err(WatchEnd::Lagged(self.buffer))
-            }
+            None => Err(self.fell_behind()),
         }
+    }
+
+    /// The window let go of what this watcher had yet to read (a change,
+    /// or a container of its snapshot, [`WeakLive`]): it is no longer here
+    /// to give it. Ends the watch; says how.
+    pub(crate) fn fell_behind(&mut self) -> WatchEnd {
+        self.metrics.watchers_dropped.inc();
+        tracing::warn!(
+            "a watcher fell behind the resume window (the changes it had not read are gone); disconnected"
+        );
+        let end = WatchEnd::Lagged(self.buffer);
+        self.ended = Some(end);
+        self.backlog.clear();
+        // The hub stops queueing for it, and what it queued goes.
+        self.rx.close();
+        while self.rx.try_recv().is_ok() {}
+        end
     }
 }
 
