@@ -446,16 +446,7 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
         })
         .collect();
     // A watcher that never reads after subscribing.
-    let stalled = tokio.block_on(async {
-        let mut c = connect_with(&socket, Some(1024)).await;
-        c.watch(pb::WatchRequest {
-            since: 0,
-            filter: None,
-        })
-        .await
-        .expect("watch")
-        .into_inner()
-    });
+    let stalled = tokio.block_on(stalled_watch(&socket));
     for _ in 0..100 {
         ready
             .recv_timeout(Duration::from_secs(60))
@@ -492,20 +483,7 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
     }
     // The stalled watcher was cut off, with a clear status, once its
     // buffer filled.
-    let status = tokio.block_on(async {
-        let mut s = stalled;
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                match s.message().await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("the stalled watcher's stream ended without a status"),
-                    Err(st) => return st,
-                }
-            }
-        })
-        .await
-        .expect("a status within 30 s")
-    });
+    let status = tokio.block_on(end_status(stalled));
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     for id in &ids {
         rt.cleanup(id);
@@ -515,6 +493,35 @@ fn a_hundred_watchers_see_every_change_once_in_order_and_a_stalled_one_is_droppe
         metric(&m, "lookout_watchers_dropped_total") >= Some(1.0),
         "{m}"
     );
+}
+
+/// A watch from 0 whose client will not read: HTTP/2 windows of 1 KiB stop
+/// the agent's sends at once.
+async fn stalled_watch(socket: &Path) -> tonic::Streaming<pb::WatchEvent> {
+    let mut c = connect_with(socket, Some(1024)).await;
+    c.watch(pb::WatchRequest {
+        since: 0,
+        filter: None,
+    })
+    .await
+    .expect("watch")
+    .into_inner()
+}
+
+/// How a stalled watcher's stream ends when it reads again: the status it
+/// gets after what was sent to it, within 30 s.
+async fn end_status(mut s: tonic::Streaming<pb::WatchEvent>) -> tonic::Status {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match s.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stalled watcher's stream ended without a status"),
+                Err(st) => return st,
+            }
+        }
+    })
+    .await
+    .expect("a status within 30 s")
 }
 
 /// The agent's resident memory, in MiB.
@@ -551,16 +558,7 @@ fn a_stalled_watcher_keeps_no_record_the_window_let_go() {
     let agent = Agent::start(&rt, &[]);
     let tokio = runtime();
     let socket = agent.socket().to_path_buf();
-    let stalled = tokio.block_on(async {
-        let mut c = connect_with(&socket, Some(1024)).await;
-        c.watch(pb::WatchRequest {
-            since: 0,
-            filter: None,
-        })
-        .await
-        .expect("watch")
-        .into_inner()
-    });
+    let stalled = tokio.block_on(stalled_watch(&socket));
     let pid = agent.child.id();
     let before = rss_mib(pid);
     const CONTAINERS: usize = 150;
@@ -587,20 +585,7 @@ fn a_stalled_watcher_keeps_no_record_the_window_let_go() {
         "the agent grew by {grew:.1} MiB with a stalled watcher"
     );
     // It reads again: it fell behind the window and is told so.
-    let status = tokio.block_on(async {
-        let mut s = stalled;
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                match s.message().await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("the stalled watcher's stream ended without a status"),
-                    Err(st) => return st,
-                }
-            }
-        })
-        .await
-        .expect("a status within 30 s")
-    });
+    let status = tokio.block_on(end_status(stalled));
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("resume window"), "{status:?}");
 }
