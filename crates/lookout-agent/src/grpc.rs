@@ -215,10 +215,14 @@ impl Lookout for Service {
                                 yield Err(Status::resource_exhausted(e.to_string()));
                                 return;
                             };
+                            // Nothing strong is held across the yield (a
+                            // stream that is not polled again keeps it).
+                            let container = Some(container_pb(&l));
+                            drop(l);
                             yield Ok(pb::WatchEvent {
                                 kind: pb::watch_event::Kind::Snapshot as i32,
                                 revision,
-                                container: Some(container_pb(&l)),
+                                container,
                                 ..Default::default()
                             });
                         }
@@ -229,7 +233,11 @@ impl Lookout for Service {
                             ..Default::default()
                         });
                     }
-                    Ok(WatchItem::Change(c)) => yield Ok(change_pb(&c)),
+                    Ok(WatchItem::Change(c)) => {
+                        let event = change_pb(&c);
+                        drop(c);
+                        yield Ok(event);
+                    }
                     Err(e @ WatchEnd::Lagged(_)) => {
                         yield Err(Status::resource_exhausted(e.to_string()));
                         break;

@@ -668,6 +668,8 @@ fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
                 exit_code: e.exit_code,
                 reason: Some(e.reason).filter(|r| !r.is_empty()),
                 monotonic_ns: e.monotonic_ns,
+                // A standby has no watchers, whose snapshots it would keep.
+                superseded: None,
             });
         }
         _ => tracing::debug!(kind = e.kind, "standby: skipping an unknown watch event"),

@@ -95,6 +95,17 @@ pub struct Change {
     pub reason: Option<String>,
     /// `CLOCK_MONOTONIC` nanoseconds of the change.
     pub monotonic_ns: u64,
+    /// The table's record this change replaced (an update's or a removal's
+    /// predecessor), kept while the change is in the window: a watcher's
+    /// snapshot holds its containers weakly, and one the change superseded
+    /// stays there for it until the change itself leaves the window (then
+    /// the watcher has truly fallen behind).
+    pub(crate) superseded: Option<Arc<Container>>,
+}
+
+/// [`record_bytes`] of what a change in the window holds.
+pub(crate) fn change_bytes(c: &Change) -> usize {
+    record_bytes(&c.live.container) + c.superseded.as_deref().map_or(0, record_bytes)
 }
 
 /// Roughly the heap bytes a container's record holds: the struct, its
@@ -405,6 +416,7 @@ impl Hub {
             }
             return false;
         }
+        let superseded;
         let live = match event.event {
             EventKind::Added => {
                 let live = Live {
@@ -413,7 +425,7 @@ impl Hub {
                     added_monotonic_ns: event.monotonic_ns,
                     added_unix_ms: unix_ms(),
                 };
-                s.live.insert(id.clone(), live.clone());
+                superseded = s.live.insert(id.clone(), live.clone()).map(|l| l.container);
                 live
             }
             EventKind::Removed => {
@@ -435,6 +447,7 @@ impl Hub {
                 {
                     Arc::make_mut(&mut event.container).fill_identity_from(&known.container);
                 }
+                superseded = added.as_ref().map(|l| Arc::clone(&l.container));
                 Live {
                     container: Arc::clone(&event.container),
                     source: event.source,
@@ -457,6 +470,7 @@ impl Hub {
                 let mut merged = (*known.container).clone();
                 merged.fill_identity_from(&event.container);
                 event.container = Arc::new(merged);
+                superseded = Some(Arc::clone(&known.container));
                 let live = Live {
                     container: Arc::clone(&event.container),
                     ..known.clone()
@@ -473,6 +487,7 @@ impl Hub {
             exit_code: event.exit_code,
             reason: event.reason.clone(),
             monotonic_ns: event.monotonic_ns,
+            superseded: superseded.filter(|old| !Arc::ptr_eq(old, &event.container)),
         });
         self.fan_out(&mut s, &change);
         drop(s);

@@ -775,7 +775,7 @@ async fn removed_containers_with_large_annotations_cost_the_window_its_bytes_not
     }
     {
         let s = lock(&h.state);
-        let held: usize = s.log.iter().map(|c| record_bytes(&c.live.container)).sum();
+        let held: usize = s.log.iter().map(|c| change_bytes(c)).sum();
         assert_eq!(held, s.log_bytes, "the running count is the log's");
         assert!(s.log_bytes <= budget, "{} > {budget}", s.log_bytes);
         assert!(
@@ -920,4 +920,81 @@ async fn a_snapshot_not_yet_read_does_not_outlive_its_containers_and_the_window(
         "the unread snapshot kept a removed container's record"
     );
     assert!(matches!(late.next().await, Err(WatchEnd::Lagged(_))));
+}
+
+#[tokio::test]
+async fn a_snapshot_keeps_a_container_removed_or_updated_while_it_is_sent() {
+    // Long-running containers, whose `added` changes left the window long
+    // ago, are removed or updated between the watch and its first read:
+    // the watcher is not behind (the changes that superseded them are in
+    // the window), and gets its snapshot, then those changes.
+    let h = hub(4, 100);
+    feed(&h, added("old", Status::Running));
+    feed(&h, added("kept", Status::Running));
+    for i in 0..6 {
+        feed(&h, added(&format!("filler{i}"), Status::Running));
+    }
+    let mut w = h.watch(0, Filter::default()).expect("watch");
+    feed(&h, removed("old"));
+    let mut named = Container::new("kept", RuntimeKind::Runc);
+    named.name = Some("now-named".into());
+    feed(&h, ContainerEvent::updated(Source::RuntimeHook, named));
+    match w.next().await {
+        Ok(WatchItem::Snapshot { containers, .. }) => {
+            let ids: Vec<&str> = containers.iter().map(|l| l.container.id.as_str()).collect();
+            assert!(ids.contains(&"old") && ids.contains(&"kept"), "{ids:?}");
+        }
+        other => panic!("the snapshot: {other:?}"),
+    }
+    for kind in [EventKind::Removed, EventKind::Updated] {
+        match w.next().await {
+            Ok(WatchItem::Change(c)) => assert_eq!(c.kind, kind),
+            other => panic!("{kind:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_watcher_dropped_for_a_full_queue_and_behind_the_window_is_counted_once() {
+    let mut r = Registry::default();
+    let h = Hub::new(
+        HubConfig {
+            window: 2,
+            watch_buffer: 3,
+            ..HubConfig::default()
+        },
+        HubMetrics::register(&mut r),
+    );
+    let (rev, _) = h.list(&Filter::default());
+    let mut w = h.watch(rev, Filter::default()).expect("watch");
+    for i in 0..8 {
+        feed(&h, added(&format!("c{i}"), Status::Running));
+    }
+    assert!(matches!(w.next().await, Err(WatchEnd::Lagged(3))));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &r).expect("metrics");
+    assert!(text.contains("\nwatchers_dropped_total 1\n"), "{text}");
+}
+
+#[tokio::test]
+async fn after_close_a_watcher_gets_what_it_was_handed_then_closed() {
+    // Discovery goes on publishing while a handover flushes the watchers:
+    // the window must not move past what they have yet to read.
+    let h = hub(3, 100);
+    let (rev, _) = h.list(&Filter::default());
+    let mut w = h.watch(rev, Filter::default()).expect("watch");
+    for i in 0..3 {
+        feed(&h, added(&format!("c{i}"), Status::Running));
+    }
+    h.close();
+    for i in 3..10 {
+        feed(&h, added(&format!("c{i}"), Status::Running));
+    }
+    for i in 0..3 {
+        match w.next().await {
+            Ok(WatchItem::Change(c)) => assert_eq!(c.live.container.id, format!("c{i}")),
+            other => panic!("c{i}: {other:?}"),
+        }
+    }
+    assert_eq!(w.next().await.expect_err("the end"), WatchEnd::Closed);
 }

@@ -109,7 +109,13 @@ impl Hub {
     /// Appends `change` to the log and hands it to every matching watcher
     /// (without waiting: a full watcher is dropped).
     pub(super) fn fan_out(&self, s: &mut State, change: &Arc<Change>) {
-        s.log_bytes += super::record_bytes(&change.live.container);
+        // Closed: no watcher is left to hand it to, and none may come. The
+        // log stays as it was for the watchers still reading what they were
+        // handed before (trimming it would end them as lagged, not closed).
+        if s.closed {
+            return;
+        }
+        s.log_bytes += super::change_bytes(change);
         s.log.push_back(Arc::clone(change));
         // The newest change always stays: a watcher at the revision before
         // it resumes without a snapshot.
@@ -117,7 +123,7 @@ impl Hub {
             || (s.log_bytes > self.config.window_bytes && s.log.len() > 1)
         {
             if let Some(old) = s.log.pop_front() {
-                s.log_bytes -= super::record_bytes(&old.live.container);
+                s.log_bytes -= super::change_bytes(&old);
             }
         }
         self.metrics.window_changes.set(s.log.len() as i64);
@@ -131,12 +137,15 @@ impl Hub {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    w.lagged.store(true, Ordering::Release);
-                    metrics.watchers_dropped.inc();
-                    tracing::warn!(
-                        buffer = self.config.watch_buffer,
-                        "a watcher did not keep up; disconnected"
-                    );
+                    // Counted once: it may still find, reading its queue,
+                    // that the window moved past it (`Watch::fell_behind`).
+                    if !w.lagged.swap(true, Ordering::AcqRel) {
+                        metrics.watchers_dropped.inc();
+                        tracing::warn!(
+                            buffer = self.config.watch_buffer,
+                            "a watcher did not keep up; disconnected"
+                        );
+                    }
                     false
                 }
             }
@@ -274,10 +283,13 @@ impl Watch {
     /// or a container of its snapshot, [`WeakLive`]): it is no longer here
     /// to give it. Ends the watch; says how.
     pub(crate) fn fell_behind(&mut self) -> WatchEnd {
-        self.metrics.watchers_dropped.inc();
-        tracing::warn!(
-            "a watcher fell behind the resume window (the changes it had not read are gone); disconnected"
-        );
+        // Counted once: the hub may have dropped it for a full queue.
+        if !self.lagged.swap(true, Ordering::AcqRel) {
+            self.metrics.watchers_dropped.inc();
+            tracing::warn!(
+                "a watcher fell behind the resume window (the changes it had not read are gone); disconnected"
+            );
+        }
         let end = WatchEnd::Lagged(self.buffer);
         self.ended = Some(end);
         self.backlog.clear();
