@@ -564,6 +564,122 @@ async fn report_health(
     }
 }
 
+/// The consumer API's bound on connections from peers other than root
+/// (`--api-max-connections`): each holds an fd, and when fanotify cannot
+/// install an event's fd the kernel denies the runtime's exec.
+struct ConnectionGate {
+    permits: Arc<tokio::sync::Semaphore>,
+    max: usize,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl ConnectionGate {
+    fn new(max: usize) -> ConnectionGate {
+        ConnectionGate {
+            permits: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+            refused: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `stream` with its permit, or `None` (the connection is closed) when
+    /// the peer is not root and the others hold every permit.
+    fn admit(&self, stream: tokio::net::UnixStream) -> Option<Admitted> {
+        let cred = stream.peer_cred().ok();
+        if cred.is_some_and(|c| c.uid() == 0) {
+            return Some(Admitted {
+                stream,
+                _permit: None,
+            });
+        }
+        match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => Some(Admitted {
+                stream,
+                _permit: Some(permit),
+            }),
+            Err(_) => {
+                // Logged at the first refusal and then at each power of
+                // two: a peer that loops on connect cannot flood the log.
+                let n = self
+                    .refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        uid = cred.map(|c| c.uid()),
+                        pid = cred.and_then(|c| c.pid()),
+                        max = self.max,
+                        refused = n,
+                        "consumer API connection refused: the peers other than root hold --api-max-connections"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// An accepted connection and, for a peer other than root, its permit
+/// (released when the connection closes).
+struct Admitted {
+    stream: tokio::net::UnixStream,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl tokio::io::AsyncRead for Admitted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Admitted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Admitted {
+    type ConnectInfo = UdsConnectInfo;
+
+    fn connect_info(&self) -> UdsConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
 /// `lookout.v1.Lookout`.
 const LOOKOUT_SERVICE: &str = <LookoutServer<Service> as tonic::server::NamedService>::NAME;
 
@@ -597,6 +713,7 @@ pub fn spawn(
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
+    max_connections: usize,
 ) -> anyhow::Result<Health> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let (serving, serving_rx) = tokio::sync::watch::channel(false);
@@ -615,9 +732,15 @@ pub fn spawn(
         };
         // Below h2: the `:authority` that Python and Java clients send on
         // a Unix socket, which h2 refuses, becomes `localhost`.
-        let incoming = tokio_stream::StreamExt::map(
+        let gate = Arc::new(ConnectionGate::new(max_connections));
+        let incoming = tokio_stream::StreamExt::filter_map(
             tokio_stream::wrappers::UnixListenerStream::new(listener),
-            |conn| conn.map(lookout_api::unix::AuthorityFix::new),
+            move |conn| match conn {
+                Ok(stream) => gate
+                    .admit(stream)
+                    .map(|c| Ok(lookout_api::unix::AuthorityFix::new(c))),
+                Err(e) => Some(Err(e)),
+            },
         );
         let svc = Service {
             hub,

@@ -30,9 +30,17 @@ async fn connect(socket: &Path) -> LookoutClient<Channel> {
 /// stops reading stops the agent's sends at once (the default lets
 /// megabytes through into the client's buffers).
 async fn connect_with(socket: &Path, window: Option<u32>) -> LookoutClient<Channel> {
+    LookoutClient::new(
+        channel(socket, window)
+            .await
+            .expect("connect to the agent's socket"),
+    )
+}
+
+/// An HTTP/2 connection to the agent's socket.
+async fn channel(socket: &Path, window: Option<u32>) -> Result<Channel, tonic::transport::Error> {
     let path = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::try_from("http://lookout.invalid")
-        .expect("endpoint")
+    tonic::transport::Endpoint::from_static("http://lookout.invalid")
         .initial_stream_window_size(window)
         .initial_connection_window_size(window)
         .connect_with_connector(tower::service_fn(move |_| {
@@ -43,8 +51,6 @@ async fn connect_with(socket: &Path, window: Option<u32>) -> LookoutClient<Chann
             }
         }))
         .await
-        .expect("connect to the agent's socket");
-    LookoutClient::new(channel)
 }
 
 fn monotonic_ns() -> u64 {
@@ -710,8 +716,47 @@ fn peer_as_unprivileged_user() {
             },
         };
         assert_eq!(code, tonic::Code::PermissionDenied);
+        // The parent started the agent with --api-max-connections 4: with
+        // `c` and three idle connections this peer holds them all, and a
+        // fifth is closed as it is accepted.
+        let held: Vec<_> = (0..3)
+            .map(|_| std::os::unix::net::UnixStream::connect(&socket).expect("connect"))
+            .collect();
+        assert!(
+            try_list(Path::new(&socket)).await.is_err(),
+            "a connection past the limit was served"
+        );
+        println!("HOLDING");
+        // Until the parent, as root, has listed through the full limit.
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest).expect("stdin");
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while try_list(Path::new(&socket)).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "closed connections did not give their permits back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(c);
     });
     println!("PEER-CHECKED");
+}
+
+/// A `List` on a connection of its own, within 5 s.
+async fn try_list(socket: &Path) -> Result<(), String> {
+    let attempt = async {
+        let channel = channel(socket, None).await.map_err(|e| e.to_string())?;
+        LookoutClient::new(channel)
+            .list(pb::ListRequest::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
 }
 
 #[test]
@@ -738,6 +783,8 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
             socket.to_str().expect("utf-8"),
             "--socket-group",
             &gid,
+            "--api-max-connections",
+            "4",
         ],
     );
     // This test binary, readable by the user, run as them for one test.
@@ -746,14 +793,58 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
     lookout_testsupport::install_executable(&exe, &copy).expect("copy the test binary");
     let mut cmd = std::process::Command::new(&copy);
     cmd.args(["--exact", "peer_as_unprivileged_user", "--nocapture"])
-        .env("LOOKOUT_TEST_PEER_SOCKET", &socket);
+        .env("LOOKOUT_TEST_PEER_SOCKET", &socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     user.apply(&mut cmd);
-    let out = cmd.output().expect("run the peer");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let mut peer = cmd.spawn().expect("run the peer");
+    // Its stdout, line by line, to a channel (a peer that hangs fails the
+    // wait below, not the test run).
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = peer.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines_tx.send(line);
+        }
+        all
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) if l.contains("HOLDING") => break,
+            Ok(_) => continue,
+            Err(_) => panic!(
+                "the peer did not say it holds the connection limit (it failed, or hung for 30 s)"
+            ),
+        }
+    }
+    // Root is not counted: it gets in while the peer holds every permit.
+    runtime().block_on(async {
+        connect(&socket)
+            .await
+            .list(pb::ListRequest::default())
+            .await
+            .expect("root lists past the limit of the others")
+    });
+    agent.wait_log("consumer API connection refused", Duration::from_secs(5));
+    drop(peer.stdin.take());
+    let out = peer.wait_with_output().expect("the peer ends");
+    let text = reader.join().expect("reader") + &String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && text.contains("PEER-CHECKED"),
         "{text}"
+    );
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("connection refused") && l.contains(&format!("uid={}", user.uid))),
+        "the refusal names the peer"
     );
     agent.wait_log("Gate refused", Duration::from_secs(5));
     assert!(

@@ -607,9 +607,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
 }
 
 /// The peer's credentials reach the service as they would without the
-/// layer (`request.extensions().get::<UdsConnectInfo>()`).
-impl tonic::transport::server::Connected for AuthorityFix<tokio::net::UnixStream> {
-    type ConnectInfo = tonic::transport::server::UdsConnectInfo;
+/// layer (`request.extensions().get::<UdsConnectInfo>()` for a
+/// `UnixStream`, or whatever the wrapped connection gives).
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for AuthorityFix<S>
+{
+    type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()

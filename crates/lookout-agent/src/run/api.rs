@@ -38,6 +38,7 @@ struct Config {
     group: Option<String>,
     auth: Auth,
     default_deadline: Duration,
+    max_connections: usize,
 }
 
 #[derive(Default)]
@@ -88,6 +89,7 @@ impl Api {
                 gids: args.gate_allow_gids.clone(),
             },
             default_deadline: args.gate_deadline.min(args.gate_max_deadline),
+            max_connections: args.api_max_connections,
         });
         let api = Api {
             config,
@@ -324,6 +326,7 @@ fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)>
         hub,
         config.auth.clone(),
         config.default_deadline,
+        config.max_connections,
     )?;
     Ok((id, health))
 }

@@ -214,6 +214,12 @@ pub struct RunArgs {
     /// List and Watch.
     #[arg(long, value_name = "GROUP")]
     pub(crate) socket_group: Option<String>,
+    /// Connections to the consumer API at once from peers other than root;
+    /// more are closed as they are accepted (each costs an fd, and the
+    /// kernel denies an exec when fanotify cannot install one). Root's are
+    /// not counted: an agent standing by must always get in.
+    #[arg(long, default_value = "1024", value_name = "N")]
+    pub(crate) api_max_connections: usize,
     /// A uid allowed to Gate besides root. Repeatable.
     #[arg(long = "gate-allow-uid", value_name = "UID")]
     pub(crate) gate_allow_uids: Vec<u32>,
