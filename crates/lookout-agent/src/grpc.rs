@@ -564,66 +564,135 @@ async fn report_health(
     }
 }
 
-/// The consumer API's bound on connections from peers other than root
-/// (`--api-max-connections`): each holds an fd, and when fanotify cannot
-/// install an event's fd the kernel denies the runtime's exec.
-struct ConnectionGate {
+/// The consumer API's bounds on connections from peers other than root
+/// and the agent's own user (`--api-max-connections`, and
+/// `--api-max-connections-per-uid` so that one uid cannot lock the others
+/// out): each holds an fd, and when fanotify cannot install an event's fd
+/// the kernel denies the runtime's exec.
+pub(crate) struct ConnectionGate {
     permits: Arc<tokio::sync::Semaphore>,
     max: usize,
+    per_uid: usize,
+    /// Connections held, by uid (`u32::MAX`: peers whose credentials could
+    /// not be read).
+    held: std::sync::Mutex<HashMap<u32, usize>>,
+    /// The agent's own uid: its standby connects as it.
+    me: u32,
     refused: std::sync::atomic::AtomicU64,
+    logged: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a new connection may take to send its first bytes (the HTTP/2
+/// preface) before it is closed: an idle socket must not hold a permit.
+const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// At most one warning about refused connections this often.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // N.B. poisoned only if a thread panicked while counting: the counts
+    // are updated in one statement.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ConnectionGate {
-    fn new(max: usize) -> ConnectionGate {
+    pub(crate) fn new(max: usize, per_uid: usize) -> ConnectionGate {
         ConnectionGate {
             permits: Arc::new(tokio::sync::Semaphore::new(max)),
             max,
+            per_uid,
+            held: std::sync::Mutex::new(HashMap::new()),
+            me: nix::unistd::geteuid().as_raw(),
             refused: std::sync::atomic::AtomicU64::new(0),
+            logged: std::sync::Mutex::new(None),
         }
     }
 
     /// `stream` with its permit, or `None` (the connection is closed) when
-    /// the peer is not root and the others hold every permit.
-    fn admit(&self, stream: tokio::net::UnixStream) -> Option<Admitted> {
+    /// its uid holds its share, or the others hold every permit. Never
+    /// waits.
+    fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
-        if cred.is_some_and(|c| c.uid() == 0) {
+        let uid = cred.map(|c| c.uid());
+        let preface = Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE)));
+        if uid.is_some_and(|u| u == 0 || u == self.me) {
             return Some(Admitted {
                 stream,
-                _permit: None,
+                _hold: None,
+                preface,
             });
         }
-        match Arc::clone(&self.permits).try_acquire_owned() {
-            Ok(permit) => Some(Admitted {
-                stream,
-                _permit: Some(permit),
-            }),
-            Err(_) => {
-                // Logged at the first refusal and then at each power of
-                // two: a peer that loops on connect cannot flood the log.
-                let n = self
-                    .refused
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                    + 1;
-                if n.is_power_of_two() {
-                    tracing::warn!(
-                        uid = cred.map(|c| c.uid()),
-                        pid = cred.and_then(|c| c.pid()),
-                        max = self.max,
-                        refused = n,
-                        "consumer API connection refused: the peers other than root hold --api-max-connections"
-                    );
+        let key = uid.unwrap_or(u32::MAX);
+        let mut held = lock(&self.held);
+        let mine = held.get(&key).copied().unwrap_or(0);
+        let why = if mine >= self.per_uid {
+            "this uid holds --api-max-connections-per-uid"
+        } else {
+            match Arc::clone(&self.permits).try_acquire_owned() {
+                Ok(permit) => {
+                    held.insert(key, mine + 1);
+                    return Some(Admitted {
+                        stream,
+                        _hold: Some(Hold {
+                            gate: Arc::clone(self),
+                            uid: key,
+                            _permit: permit,
+                        }),
+                        preface,
+                    });
                 }
-                None
+                Err(_) => "peers other than root hold --api-max-connections",
+            }
+        };
+        let top = held.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
+        drop(held);
+        let n = self
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let mut logged = lock(&self.logged);
+        if logged.is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY) {
+            *logged = Some(std::time::Instant::now());
+            tracing::warn!(
+                uid,
+                pid = cred.and_then(|c| c.pid()),
+                holder_uid = top.map(|t| t.0),
+                holder_connections = top.map(|t| t.1),
+                max = self.max,
+                per_uid = self.per_uid,
+                refused_since_start = n,
+                "consumer API connection refused: {why}"
+            );
+        }
+        None
+    }
+}
+
+/// A connection's share of the bounds, given back when it closes.
+struct Hold {
+    gate: Arc<ConnectionGate>,
+    uid: u32,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut held = lock(&self.gate.held);
+        if let Some(n) = held.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.uid);
             }
         }
     }
 }
 
-/// An accepted connection and, for a peer other than root, its permit
-/// (released when the connection closes).
+/// An accepted connection: its share of the bounds (none for root and the
+/// agent's own uid), and the deadline of its first bytes.
 struct Admitted {
     stream: tokio::net::UnixStream,
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    _hold: Option<Hold>,
+    preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl tokio::io::AsyncRead for Admitted {
@@ -632,7 +701,25 @@ impl tokio::io::AsyncRead for Admitted {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+        use std::future::Future;
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        match &read {
+            std::task::Poll::Ready(Ok(())) if buf.filled().len() > before => this.preface = None,
+            std::task::Poll::Pending => {
+                if let Some(deadline) = &mut this.preface
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    return std::task::Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no HTTP/2 preface within 5 s",
+                    )));
+                }
+            }
+            _ => {}
+        }
+        read
     }
 }
 
@@ -713,7 +800,7 @@ pub fn spawn(
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
-    max_connections: usize,
+    (max_connections, max_per_uid): (usize, usize),
 ) -> anyhow::Result<Health> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let (serving, serving_rx) = tokio::sync::watch::channel(false);
@@ -732,7 +819,7 @@ pub fn spawn(
         };
         // Below h2: the `:authority` that Python and Java clients send on
         // a Unix socket, which h2 refuses, becomes `localhost`.
-        let gate = Arc::new(ConnectionGate::new(max_connections));
+        let gate = Arc::new(ConnectionGate::new(max_connections, max_per_uid));
         let incoming = tokio_stream::StreamExt::filter_map(
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             move |conn| match conn {

@@ -696,6 +696,14 @@ fn peer_as_unprivileged_user() {
         return; // Only as the child of the test below.
     };
     let tokio = runtime();
+    if std::env::var_os("LOOKOUT_TEST_PEER_ONCE").is_some() {
+        // Another uid, while the first holds its share of the connections.
+        tokio
+            .block_on(try_list(Path::new(&socket)))
+            .expect("another uid lists while one holds its share");
+        println!("PEER-CHECKED");
+        return;
+    }
     tokio.block_on(async {
         let mut c = connect(Path::new(&socket)).await;
         c.list(pb::ListRequest::default())
@@ -716,9 +724,9 @@ fn peer_as_unprivileged_user() {
             },
         };
         assert_eq!(code, tonic::Code::PermissionDenied);
-        // The parent started the agent with --api-max-connections 4: with
-        // `c` and three idle connections this peer holds them all, and a
-        // fifth is closed as it is accepted.
+        // The parent started the agent with --api-max-connections-per-uid
+        // 4: with `c` and three idle connections this peer holds its
+        // share, and a fifth is closed as it is accepted.
         let held: Vec<_> = (0..3)
             .map(|_| std::os::unix::net::UnixStream::connect(&socket).expect("connect"))
             .collect();
@@ -730,14 +738,26 @@ fn peer_as_unprivileged_user() {
         // Until the parent, as root, has listed through the full limit.
         let mut rest = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest).expect("stdin");
-        drop(held);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // The three never sent a byte: the agent closes them after 5 s,
+        // and their permits come back.
+        let deadline = Instant::now() + Duration::from_secs(15);
         while try_list(Path::new(&socket)).await.is_err() {
             assert!(
                 Instant::now() < deadline,
-                "closed connections did not give their permits back"
+                "idle connections kept their permits"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for mut h in held {
+            h.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            // The agent's own SETTINGS frame, then the end.
+            let mut b = Vec::new();
+            let end = std::io::Read::read_to_end(&mut h, &mut b);
+            assert!(
+                end.is_ok() || end.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+                "an idle connection was not closed"
+            );
         }
         drop(c);
     });
@@ -784,6 +804,8 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
             "--socket-group",
             &gid,
             "--api-max-connections",
+            "8",
+            "--api-max-connections-per-uid",
             "4",
         ],
     );
@@ -831,7 +853,28 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
             .await
             .expect("root lists past the limit of the others")
     });
-    agent.wait_log("consumer API connection refused", Duration::from_secs(5));
+    // Another uid (the same group) gets in meanwhile.
+    let mut other = std::process::Command::new(&copy);
+    other
+        .args(["--exact", "peer_as_unprivileged_user", "--nocapture"])
+        .env("LOOKOUT_TEST_PEER_SOCKET", &socket)
+        .env("LOOKOUT_TEST_PEER_ONCE", "1");
+    lookout_testsupport::User {
+        uid: user.uid + 1,
+        gid: user.gid,
+    }
+    .apply(&mut other);
+    let out = other.output().expect("run the other peer");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("PEER-CHECKED"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent.wait_log(
+        "consumer API connection refused: this uid holds --api-max-connections-per-uid",
+        Duration::from_secs(5),
+    );
     drop(peer.stdin.take());
     let out = peer.wait_with_output().expect("the peer ends");
     let text = reader.join().expect("reader") + &String::from_utf8_lossy(&out.stderr);
@@ -843,7 +886,8 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
         agent
             .log()
             .lines()
-            .any(|l| l.contains("connection refused") && l.contains(&format!("uid={}", user.uid))),
+            .any(|l| l.contains("connection refused: this uid")
+                && l.contains(&format!(" uid={}", user.uid))),
         "the refusal names the peer"
     );
     agent.wait_log("Gate refused", Duration::from_secs(5));

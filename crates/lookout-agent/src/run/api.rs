@@ -38,7 +38,9 @@ struct Config {
     group: Option<String>,
     auth: Auth,
     default_deadline: Duration,
-    max_connections: usize,
+    /// `--api-max-connections` (bounded by the open-file limit) and
+    /// `--api-max-connections-per-uid`.
+    max_connections: (usize, usize),
 }
 
 #[derive(Default)]
@@ -89,7 +91,10 @@ impl Api {
                 gids: args.gate_allow_gids.clone(),
             },
             default_deadline: args.gate_deadline.min(args.gate_max_deadline),
-            max_connections: args.api_max_connections,
+            max_connections: (
+                connection_bound(args.api_max_connections as usize),
+                args.api_max_connections_per_uid as usize,
+            ),
         });
         let api = Api {
             config,
@@ -329,4 +334,23 @@ fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)>
         config.max_connections,
     )?;
     Ok((id, health))
+}
+
+/// `--api-max-connections`, at most a quarter of the open-file limit (read
+/// after the agent raised it): the API must leave fds for fanotify.
+fn connection_bound(asked: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return asked;
+    };
+    let bound = usize::try_from(soft / 4).unwrap_or(usize::MAX);
+    if asked > bound {
+        tracing::warn!(
+            asked,
+            bound,
+            nofile = soft,
+            "--api-max-connections lowered to a quarter of the open-file limit"
+        );
+    }
+    asked.min(bound)
 }

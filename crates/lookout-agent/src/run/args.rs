@@ -214,12 +214,18 @@ pub struct RunArgs {
     /// List and Watch.
     #[arg(long, value_name = "GROUP")]
     pub(crate) socket_group: Option<String>,
-    /// Connections to the consumer API at once from peers other than root;
-    /// more are closed as they are accepted (each costs an fd, and the
-    /// kernel denies an exec when fanotify cannot install one). Root's are
-    /// not counted: an agent standing by must always get in.
-    #[arg(long, default_value = "1024", value_name = "N")]
-    pub(crate) api_max_connections: usize,
+    /// Connections to the consumer API at once from peers other than root
+    /// and the agent's own user; more are closed as they are accepted (each
+    /// costs an fd, and the kernel denies an exec when fanotify cannot
+    /// install one). At most a quarter of the open-file limit. 0: root only.
+    #[arg(long, default_value = "1024", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub(crate) api_max_connections: u32,
+    /// Of those, at most this many per uid: one consumer's uid cannot lock
+    /// the others out.
+    #[arg(long, default_value = "64", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub(crate) api_max_connections_per_uid: u32,
     /// A uid allowed to Gate besides root. Repeatable.
     #[arg(long = "gate-allow-uid", value_name = "UID")]
     pub(crate) gate_allow_uids: Vec<u32>,
