@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::hub::{
     Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
-    WatchItem, WeakLive,
+    WatchItem, WeakLive, lock,
 };
 
 /// Who may use `Gate` besides root.
@@ -588,12 +588,6 @@ const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// At most one warning about refused connections this often.
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // N.B. poisoned only if a thread panicked while counting: the counts
-    // are updated in one statement.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl ConnectionGate {
     pub(crate) fn new(max: usize, per_uid: usize) -> ConnectionGate {

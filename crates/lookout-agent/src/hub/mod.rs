@@ -296,9 +296,12 @@ pub struct Hub {
     parked: Mutex<HashMap<String, Vec<Parked>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, poisoned or not. (Also the consumer API's connection
+/// counts', `crate::grpc`.)
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // N.B. a poisoned lock only means a consumer's task panicked while
-    // holding it; every update leaves the tables consistent.
+    // holding it; every update leaves the tables (and the counts)
+    // consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
