@@ -608,6 +608,13 @@ impl ConnectionGate {
     fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
         let uid = cred.map(|c| c.uid());
+        let stream = match crate::quiet::QuietStream::new(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%e, uid, "consumer API: cannot register a connection; closed");
+                return None;
+            }
+        };
         let preface = Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE)));
         if uid.is_some_and(|u| u == 0 || u == self.me) {
             return Some(Admitted {
@@ -684,7 +691,7 @@ impl Drop for Hold {
 /// An accepted connection: its share of the bounds (none for root and the
 /// agent's own uid), and the deadline of its first bytes.
 struct Admitted {
-    stream: tokio::net::UnixStream,
+    stream: crate::quiet::QuietStream,
     _hold: Option<Hold>,
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }

@@ -33,6 +33,7 @@ mod hub;
 mod k8s_events;
 mod merge;
 mod nri;
+mod quiet;
 mod run;
 mod serve;
 

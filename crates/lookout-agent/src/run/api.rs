@@ -336,20 +336,22 @@ fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)>
     Ok((id, health))
 }
 
-/// `--api-max-connections`, at most a quarter of the open-file limit (read
-/// after the agent raised it): the API must leave fds for fanotify.
+/// `--api-max-connections`, at most an eighth of the open-file limit (read
+/// after the agent raised it): the API must leave fds for fanotify, and a
+/// connection takes two while a write to it waits for its reader
+/// (`crate::quiet`).
 fn connection_bound(asked: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit};
     let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return asked;
     };
-    let bound = usize::try_from(soft / 4).unwrap_or(usize::MAX);
+    let bound = usize::try_from(soft / 8).unwrap_or(usize::MAX);
     if asked > bound {
         tracing::warn!(
             asked,
             bound,
             nofile = soft,
-            "--api-max-connections lowered to a quarter of the open-file limit"
+            "--api-max-connections lowered to an eighth of the open-file limit"
         );
     }
     asked.min(bound)

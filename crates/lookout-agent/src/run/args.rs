@@ -217,7 +217,7 @@ pub struct RunArgs {
     /// Connections to the consumer API at once from peers other than root
     /// and the agent's own user; more are closed as they are accepted (each
     /// costs an fd, and the kernel denies an exec when fanotify cannot
-    /// install one). At most a quarter of the open-file limit. 0: root only.
+    /// install one). At most an eighth of the open-file limit. 0: root only.
     #[arg(long, default_value = "1024", value_name = "N",
           value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
     pub(crate) api_max_connections: u32,
