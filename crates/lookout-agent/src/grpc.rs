@@ -608,7 +608,7 @@ impl ConnectionGate {
     fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
         let uid = cred.map(|c| c.uid());
-        let stream = match crate::quiet::QuietStream::new(stream) {
+        let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(%e, uid, "consumer API: cannot register a connection; closed");
@@ -691,7 +691,7 @@ impl Drop for Hold {
 /// An accepted connection: its share of the bounds (none for root and the
 /// agent's own uid), and the deadline of its first bytes.
 struct Admitted {
-    stream: crate::quiet::QuietStream,
+    stream: lookout_api::unix::QuietStream,
     _hold: Option<Hold>,
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }

@@ -33,7 +33,6 @@ mod hub;
 mod k8s_events;
 mod merge;
 mod nri;
-mod quiet;
 mod run;
 mod serve;
 

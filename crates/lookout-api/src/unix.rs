@@ -40,6 +40,9 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`QuietStream`] is the accepted stream to wrap: registered for reading
+//! only, it does not wake the server each time a client reads a frame.
 
 use std::io;
 use std::pin::Pin;
@@ -645,6 +648,9 @@ pub fn fuzz(data: &[u8], cut: usize) {
         assert_eq!(a, b, "same output however the input is cut");
     }
 }
+
+mod quiet;
+pub use quiet::QuietStream;
 
 #[cfg(test)]
 mod tests;

@@ -339,7 +339,7 @@ fn serve(config: &Config, hub: Arc<Hub>) -> anyhow::Result<((u64, u64), Health)>
 /// `--api-max-connections`, at most an eighth of the open-file limit (read
 /// after the agent raised it): the API must leave fds for fanotify, and a
 /// connection takes two while a write to it waits for its reader
-/// (`crate::quiet`).
+/// (`lookout_api::unix::QuietStream`).
 fn connection_bound(asked: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit};
     let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
