@@ -247,16 +247,28 @@ const ROWS: &[Row] = &[
                 ],
             )
         },
+        // A gRPC stream per watcher (a report before it: one write).
         floor: Some(|r| {
             at(
                 r,
                 &[
                     "consumers",
                     "watchers",
-                    "frame_floor",
+                    "grpc_floor",
                     "cpu_clock_per_watcher_event_us",
                 ],
             )
+            .or_else(|| {
+                at(
+                    r,
+                    &[
+                        "consumers",
+                        "watchers",
+                        "frame_floor",
+                        "cpu_clock_per_watcher_event_us",
+                    ],
+                )
+            })
         }),
     },
     Row {
@@ -360,7 +372,20 @@ const ROWS: &[Row] = &[
                 ],
             )
         },
-        floor: None,
+        // A held start waits for one answer through the API: at least a
+        // `List` round trip to an agent whose threads were parked, as
+        // they are when the hold begins.
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "gate_start_us",
+                    "list_round_trip_idle_us",
+                    "p50",
+                ],
+            )
+        }),
     },
 ];
 

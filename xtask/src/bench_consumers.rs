@@ -619,6 +619,10 @@ fn watchers(
     let frame_bytes = (written[0].saturating_sub(written[1]) as f64 / (events0 * WATCHERS) as f64)
         .round() as usize;
     let frame_floor = frame_floor(rt, WATCHERS, 2 * churn, frame_bytes.max(64))?;
+    let grpc_floor = [Registration::Quiet, Registration::Tokio]
+        .into_iter()
+        .map(|r| grpc_floor(rt, work, r, WATCHERS, 2 * churn, frame_bytes.max(64)))
+        .collect::<anyhow::Result<Vec<Value>>>()?;
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let added = g(&per[0], "cpu_per_event_us") - g(&per[1], "cpu_per_event_us");
     let added_clock = g(&per[0], "cpu_clock_per_event_us") - g(&per[1], "cpu_clock_per_event_us");
@@ -642,6 +646,9 @@ fn watchers(
         },
         "bytes_per_watcher_event": frame_bytes,
         "frame_floor": frame_floor,
+        // The agent's own connections are registered as the first.
+        "grpc_floor": grpc_floor[0],
+        "grpc_floor_tokio_registration": grpc_floor[1],
         "watcher_changes_read": changes.load(Ordering::Relaxed),
         "watcher_changes_expected": expected_changes,
         "watcher_snapshots": snapshots.load(Ordering::Relaxed),
@@ -710,6 +717,251 @@ fn frame_floor(
         "frame_bytes": frame_bytes,
         "cpu_clock_per_watcher_event_us": cpu_ns as f64 / 1e3 / (events * watchers).max(1) as f64,
     }))
+}
+
+/// How [`grpc_floor`]'s server registers its connections.
+#[derive(Clone, Copy, Debug)]
+enum Registration {
+    /// `lookout_api::unix::QuietStream`, as the agent does: for reading.
+    Quiet,
+    /// tokio's own: for reading and writing.
+    Tokio,
+}
+
+/// The floor of "added per watcher and event" for a gRPC stream per
+/// watcher: a server that does nothing but the least a generated tonic
+/// server must, on its own current-thread runtime as the agent's API: each
+/// event is queued (from another thread, as the agent's hub does) to every
+/// watcher's stream, copied into the stream's message and encoded by tonic,
+/// and written by h2. Its watchers are the same lookout-client tasks as the
+/// agent's, and its message is the size the agent wrote. Returns the
+/// server thread's CPU time per watcher and event.
+fn grpc_floor(
+    rt: &tokio::runtime::Runtime,
+    work: &Path,
+    registration: Registration,
+    watchers: usize,
+    events: usize,
+    frame_bytes: usize,
+) -> anyhow::Result<Value> {
+    use lookout_api::v1 as pb;
+    say(
+        "bench",
+        &format!(
+            "gRPC floor ({registration:?} registration): {events} events of {frame_bytes} bytes to {watchers} watch streams"
+        ),
+    );
+    let socket = work.join(format!("grpc-floor-{registration:?}.sock"));
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket)
+        .with_context(|| format!("binding {}", socket.display()))?;
+    listener.set_nonblocking(true)?;
+    let queues: Arc<Mutex<Vec<FloorQueue>>> = Arc::default();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = {
+        let queues = Arc::clone(&queues);
+        std::thread::Builder::new()
+            .name("grpc-floor".into())
+            .spawn(move || -> anyhow::Result<()> {
+                // "PID/task/TID": this thread's CPU time is read there.
+                let me = std::fs::read_link("/proc/thread-self")?;
+                let _ = tid_tx.send(me);
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(serve_floor(listener, registration, queues, stopped))
+            })?
+    };
+    let thread = tid_rx
+        .recv_timeout(Duration::from_secs(10))
+        .context("the gRPC floor's server did not start")?;
+    let schedstat = Path::new("/proc").join(thread).join("schedstat");
+    let cpu_ns = || -> u64 {
+        std::fs::read_to_string(&schedstat)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let changes = Arc::new(AtomicU64::new(0));
+    let snapshots = Arc::new(AtomicU64::new(0));
+    for _ in 0..watchers {
+        rt.block_on(watch(
+            socket.clone(),
+            Arc::clone(&changes),
+            Arc::clone(&snapshots),
+        ))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snapshots.load(Ordering::Acquire) < watchers as u64 {
+        if Instant::now() > deadline {
+            bail!("the gRPC floor's watchers did not all connect");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A container as the agent sends one; an annotation pads the message
+    // to the agent's frame (HTTP/2's 9-byte frame header and gRPC's 5-byte
+    // prefix on top).
+    let mut container = pb::Container {
+        id: "bench-watch0-123".into(),
+        runtime: "runc".into(),
+        pid: 123_456,
+        status: "running".into(),
+        bundle: work.join("bundle-watch").display().to_string(),
+        cgroup: "/user.slice/bench-watch0-123".into(),
+        args: vec!["runc".into(), "create".into(), "--bundle".into()],
+        source: "fanotify".into(),
+        added_monotonic_ns: now_ns(),
+        added_unix_ms: 1_764_806_400_000,
+        ..Default::default()
+    };
+    let base = prost::Message::encoded_len(&pb::WatchEvent {
+        kind: pb::watch_event::Kind::Added as i32,
+        revision: u64::MAX / 2,
+        container: Some(container.clone()),
+        monotonic_ns: now_ns(),
+        ..Default::default()
+    });
+    let pad = frame_bytes.saturating_sub(14 + base + 8).max(1);
+    container.annotations.insert("p".into(), "x".repeat(pad));
+    let t0 = cpu_ns();
+    let mut queueing_ns = 0u64;
+    for e in 1..=events {
+        let event = Arc::new(pb::WatchEvent {
+            kind: pb::watch_event::Kind::Added as i32,
+            revision: 1 + e as u64,
+            container: Some(container.clone()),
+            monotonic_ns: now_ns(),
+            ..Default::default()
+        });
+        // Counted too: the agent's hub queues on its own thread.
+        let q0 = thread_cpu_ns();
+        for q in lock_floor(&queues).iter() {
+            q.try_send(Arc::clone(&event))
+                .map_err(|_| anyhow::anyhow!("a gRPC floor watcher's queue is full or gone"))?;
+        }
+        queueing_ns += thread_cpu_ns().saturating_sub(q0);
+        // Every watcher has the event and is idle again before the next.
+        let want = (e * watchers) as u64;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while changes.load(Ordering::Acquire) < want {
+            if Instant::now() > deadline {
+                bail!("the gRPC floor's watchers stopped reading at event {e}");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let served_ns = cpu_ns().saturating_sub(t0);
+    let _ = stop.send(());
+    match server.join() {
+        Ok(r) => r?,
+        Err(_) => bail!("the gRPC floor's server panicked"),
+    }
+    let _ = std::fs::remove_file(&socket);
+    Ok(json!({
+        "registration": format!("{registration:?}"),
+        "watchers": watchers,
+        "events": events,
+        "frame_bytes": frame_bytes,
+        // The server's thread and the queueing, as the agent's CPU counts
+        // its API thread and its hub.
+        "cpu_clock_per_watcher_event_us": (served_ns + queueing_ns) as f64 / 1e3 / (events * watchers).max(1) as f64,
+        "server_cpu_clock_per_watcher_event_us": served_ns as f64 / 1e3 / (events * watchers).max(1) as f64,
+        "queueing_cpu_clock_per_watcher_event_us": queueing_ns as f64 / 1e3 / (events * watchers).max(1) as f64,
+    }))
+}
+
+/// A gRPC floor watcher's queue.
+type FloorQueue = tokio::sync::mpsc::Sender<Arc<lookout_api::v1::WatchEvent>>;
+
+fn lock_floor(q: &Mutex<Vec<FloorQueue>>) -> std::sync::MutexGuard<'_, Vec<FloorQueue>> {
+    q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`grpc_floor`]'s server: `Watch` only.
+async fn serve_floor(
+    listener: std::os::unix::net::UnixListener,
+    registration: Registration,
+    queues: Arc<Mutex<Vec<FloorQueue>>>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    use lookout_api::unix::QuietStream;
+    use lookout_api::v1::lookout_server::LookoutServer;
+    use tokio_stream::StreamExt;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let service = LookoutServer::new(FloorService { queues });
+    let server = tonic::transport::Server::builder().add_service(service);
+    // Not a graceful shutdown: that would wait for the watchers, which
+    // never end their streams. The runtime's end closes the connections.
+    tokio::select! {
+        served = async {
+            match registration {
+                Registration::Quiet => {
+                    server
+                        .serve_with_incoming(incoming.map(|c| c.and_then(QuietStream::new)))
+                        .await
+                }
+                Registration::Tokio => server.serve_with_incoming(incoming).await,
+            }
+        } => served?,
+        _ = stop => {}
+    }
+    Ok(())
+}
+
+/// The least a `lookout.v1.Lookout` server does for a watcher: an empty
+/// snapshot, then each queued event copied into the stream.
+struct FloorService {
+    queues: Arc<Mutex<Vec<FloorQueue>>>,
+}
+
+type FloorStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl lookout_api::v1::lookout_server::Lookout for FloorService {
+    async fn list(
+        &self,
+        _: tonic::Request<lookout_api::v1::ListRequest>,
+    ) -> Result<tonic::Response<lookout_api::v1::ListResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "the gRPC floor serves Watch only",
+        ))
+    }
+
+    type WatchStream = FloorStream<lookout_api::v1::WatchEvent>;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<lookout_api::v1::WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        use lookout_api::v1 as pb;
+        use tokio_stream::StreamExt;
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        lock_floor(&self.queues).push(tx);
+        let snapshot_end = pb::WatchEvent {
+            kind: pb::watch_event::Kind::SnapshotEnd as i32,
+            revision: 1,
+            ..Default::default()
+        };
+        let events = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|e: Arc<pb::WatchEvent>| Ok(pb::WatchEvent::clone(&e)));
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::once(Ok(snapshot_end)).chain(events),
+        )))
+    }
+
+    type GateStream = FloorStream<lookout_api::v1::GateResponse>;
+
+    async fn gate(
+        &self,
+        _: tonic::Request<tonic::Streaming<lookout_api::v1::GateRequest>>,
+    ) -> Result<tonic::Response<Self::GateStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "the gRPC floor serves Watch only",
+        ))
+    }
 }
 
 /// This thread's CPU clock in nanoseconds.
@@ -850,6 +1102,19 @@ pub fn print(v: &Value) {
         w["frame_floor"]["frame_bytes"],
         g(&w["frame_floor"], "cpu_clock_per_watcher_event_us"),
     );
+    for (key, how) in [
+        ("grpc_floor", "registered for reading, as the agent"),
+        ("grpc_floor_tokio_registration", "tokio's registration"),
+    ] {
+        if w[key].is_object() {
+            println!(
+                "floor of a gRPC watch stream ({how}): a tonic server that only queues each event to every stream: {:.2} us per watcher and event (CPU clock: {:.2} serving, {:.2} queueing from another thread)",
+                g(&w[key], "cpu_clock_per_watcher_event_us"),
+                g(&w[key], "server_cpu_clock_per_watcher_event_us"),
+                g(&w[key], "queueing_cpu_clock_per_watcher_event_us"),
+            );
+        }
+    }
     println!("context switches per container, no watcher: {}", sw(b));
     println!("context switches per container, floor: {}", sw(&w["floor"]));
 }
