@@ -206,4 +206,35 @@ mod tests {
         assert!(matches!(error, Error::Connect { .. }), "{error:?}");
         assert!(error.is_retryable(), "{error:?}");
     }
+
+    /// A listener whose backlog is full (an agent busy, or flooded with
+    /// connections by another local user) refuses a non-blocking connect
+    /// with `EAGAIN`: it will take connections again, so a client retries.
+    #[tokio::test]
+    async fn a_full_listen_backlog_is_retryable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("busy.sock");
+        let socket = tokio::net::UnixSocket::new_stream().expect("socket");
+        socket.bind(&path).expect("bind");
+        let _listener = socket.listen(1).expect("listen");
+        // Never accepted: the backlog fills after a connection or two.
+        let mut held = Vec::new();
+        // (As `dial` connects, before its HTTP/2 handshake.)
+        let error = loop {
+            match UnixStream::connect(&path).await {
+                Ok(stream) => {
+                    held.push(stream);
+                    assert!(held.len() < 64, "the backlog never filled");
+                }
+                Err(e) => break Error::from_connect(path.clone(), e),
+            }
+        };
+        match &error {
+            Error::Connect { source, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock, "{error:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(error.is_retryable(), "{error:?}");
+    }
 }

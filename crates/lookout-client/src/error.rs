@@ -37,8 +37,10 @@ pub enum Error {
         source: io::Error,
     },
     /// `connect(2)` on the socket failed otherwise. `ECONNREFUSED` (a stale
-    /// socket file, nobody listening: the agent is restarting) is
-    /// retryable; anything else (`ENOTSOCK`, ...) is not.
+    /// socket file, nobody listening: the agent is restarting) and `EAGAIN`
+    /// (its listen backlog is full: the agent is busy, or another local
+    /// user floods it with connections) are retryable; anything else
+    /// (`ENOTSOCK`, ...) is not.
     #[error("could not connect to the lookout socket {path}")]
     Connect {
         /// The socket path dialled.
@@ -93,7 +95,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::SocketMissing { .. } | Error::Handshake { .. } => true,
-            Error::Connect { source, .. } => source.kind() == io::ErrorKind::ConnectionRefused,
+            Error::Connect { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock
+            ),
             Error::Rpc { status, .. } => code_is_retryable(status.code()),
             Error::PermissionDenied { .. } | Error::Protocol { .. } | Error::GateClosed => false,
         }
@@ -172,6 +177,7 @@ mod tests {
         assert!(!denied.is_retryable());
 
         assert!(classify(io::ErrorKind::ConnectionRefused).is_retryable());
+        assert!(classify(io::ErrorKind::WouldBlock).is_retryable());
         assert!(!classify(io::ErrorKind::InvalidInput).is_retryable());
     }
 
