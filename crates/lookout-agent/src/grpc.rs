@@ -580,6 +580,8 @@ pub(crate) struct ConnectionGate {
     me: u32,
     refused: std::sync::atomic::AtomicU64,
     logged: std::sync::Mutex<Option<std::time::Instant>>,
+    /// `lookout_api_connections`, `lookout_api_connections_refused_total`.
+    metrics: crate::hub::HubMetrics,
 }
 
 /// How long a new connection may take to send its first bytes (the HTTP/2
@@ -590,7 +592,11 @@ const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl ConnectionGate {
-    pub(crate) fn new(max: usize, per_uid: usize) -> ConnectionGate {
+    pub(crate) fn new(
+        max: usize,
+        per_uid: usize,
+        metrics: crate::hub::HubMetrics,
+    ) -> ConnectionGate {
         ConnectionGate {
             permits: Arc::new(tokio::sync::Semaphore::new(max)),
             max,
@@ -599,6 +605,7 @@ impl ConnectionGate {
             me: nix::unistd::geteuid().as_raw(),
             refused: std::sync::atomic::AtomicU64::new(0),
             logged: std::sync::Mutex::new(None),
+            metrics,
         }
     }
 
@@ -611,23 +618,26 @@ impl ConnectionGate {
         let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
+                self.metrics.api_refused("register");
                 tracing::warn!(%e, uid, "consumer API: cannot register a connection; closed");
                 return None;
             }
         };
+        let open = Open::new(&self.metrics.api_connections);
         let preface = Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE)));
         if uid.is_some_and(|u| u == 0 || u == self.me) {
             return Some(Admitted {
                 stream,
                 _hold: None,
+                _open: open,
                 preface,
             });
         }
         let key = uid.unwrap_or(u32::MAX);
         let mut held = lock(&self.held);
         let mine = held.get(&key).copied().unwrap_or(0);
-        let why = if mine >= self.per_uid {
-            "this uid holds --api-max-connections-per-uid"
+        let (why, reason) = if mine >= self.per_uid {
+            ("this uid holds --api-max-connections-per-uid", "per-uid")
         } else {
             match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
@@ -639,12 +649,14 @@ impl ConnectionGate {
                             uid: key,
                             _permit: permit,
                         }),
+                        _open: open,
                         preface,
                     });
                 }
-                Err(_) => "peers other than root hold --api-max-connections",
+                Err(_) => ("peers other than root hold --api-max-connections", "total"),
             }
         };
+        self.metrics.api_refused(reason);
         let top = held.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
         drop(held);
         let n = self
@@ -666,6 +678,22 @@ impl ConnectionGate {
             );
         }
         None
+    }
+}
+
+/// A connection counted in `lookout_api_connections` until it closes.
+struct Open(prometheus_client::metrics::gauge::Gauge);
+
+impl Open {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Open {
+        gauge.inc();
+        Open(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -693,6 +721,7 @@ impl Drop for Hold {
 struct Admitted {
     stream: lookout_api::unix::QuietStream,
     _hold: Option<Hold>,
+    _open: Open,
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -820,7 +849,11 @@ pub fn spawn(
         };
         // Below h2: the `:authority` that Python and Java clients send on
         // a Unix socket, which h2 refuses, becomes `localhost`.
-        let gate = Arc::new(ConnectionGate::new(max_connections, max_per_uid));
+        let gate = Arc::new(ConnectionGate::new(
+            max_connections,
+            max_per_uid,
+            hub.metrics().clone(),
+        ));
         let incoming = tokio_stream::StreamExt::filter_map(
             tokio_stream::wrappers::UnixListenerStream::new(listener),
             move |conn| match conn {

@@ -845,6 +845,20 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
             ),
         }
     }
+    // Operators see it too (before the agent closes the three silent
+    // connections, 5 s after they came): the refusal counted by reason,
+    // the peer's connections in the gauge.
+    let m = agent.metrics();
+    assert!(
+        metric(
+            &m,
+            "lookout_api_connections_refused_total{reason=\"per-uid\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    let open = |m: &str| metric(m, "lookout_api_connections").unwrap_or(f64::NAN);
+    assert!(open(&m) >= 4.0, "the peer holds four: {m}");
     // Root is not counted: it gets in while the peer holds every permit.
     runtime().block_on(async {
         connect(&socket)
@@ -877,6 +891,19 @@ fn an_unprivileged_peer_may_list_but_not_gate() {
     );
     drop(peer.stdin.take());
     let out = peer.wait_with_output().expect("the peer ends");
+    // ... and given back as they close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = agent.metrics();
+        if open(&m) < 4.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer's connections stayed counted: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let text = reader.join().expect("reader") + &String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && text.contains("PEER-CHECKED"),

@@ -23,6 +23,11 @@ struct SubscriberLabels {
     subscriber: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    reason: &'static str,
+}
+
 /// The hub's metrics.
 #[derive(Clone)]
 pub struct HubMetrics {
@@ -35,6 +40,9 @@ pub struct HubMetrics {
     decisions: Family<GateLabels, Counter>,
     hold_seconds: Family<SubscriberLabels, Histogram>,
     start_wait_seconds: Histogram,
+    /// Consumer API connections open (`crate::grpc`'s connection bounds).
+    pub(crate) api_connections: Gauge,
+    api_refused: Family<RefusedLabels, Counter>,
 }
 
 impl HubMetrics {
@@ -100,7 +108,26 @@ impl HubMetrics {
                 // 10 us .. ~10 s
                 Histogram::new(exponential_buckets(1e-5, 4.0, 11)),
             ),
+            api_connections: register(
+                r,
+                "api_connections",
+                "Connections to the consumer API open, root's included",
+                Gauge::default(),
+            ),
+            api_refused: register(
+                r,
+                "api_connections_refused",
+                "Consumer API connections closed as they were accepted, by reason: per-uid (the peer's uid held --api-max-connections-per-uid), total (peers other than root held --api-max-connections), register (the runtime could not take the socket)",
+                Family::default(),
+            ),
         }
+    }
+
+    /// A consumer API connection was closed at accept, for `reason`.
+    pub(crate) fn api_refused(&self, reason: &'static str) {
+        self.api_refused
+            .get_or_create(&RefusedLabels { reason })
+            .inc();
     }
 
     pub(super) fn hold(&self, subscriber: &str, outcome: &str) {

@@ -312,6 +312,13 @@ fn unix_ms() -> i64 {
 }
 
 impl Hub {
+    /// The metrics it counts in (the consumer API's too).
+    pub(crate) fn metrics(&self) -> &HubMetrics {
+        &self.metrics
+    }
+}
+
+impl Hub {
     /// A hub. Revisions start at the current time in microseconds, so
     /// that they keep increasing across agent restarts: a consumer that
     /// resumes with a revision of an earlier process gets a snapshot.
