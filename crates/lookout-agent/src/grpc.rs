@@ -611,28 +611,37 @@ impl ConnectionGate {
 
     /// `stream` with its permit, or `None` (the connection is closed) when
     /// its uid holds its share, or the others hold every permit. Never
-    /// waits.
+    /// waits. A connection is registered with the runtime only once it is
+    /// admitted: one refused costs no more than its accept.
     fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
         let uid = cred.map(|c| c.uid());
+        let hold = if uid.is_some_and(|u| u == 0 || u == self.me) {
+            None
+        } else {
+            Some(self.take(uid, cred.and_then(|c| c.pid()))?)
+        };
         let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
+                // Its hold, if any, goes back as it drops.
                 self.metrics.api_refused("register");
                 tracing::warn!(%e, uid, "consumer API: cannot register a connection; closed");
                 return None;
             }
         };
-        let open = Open::new(&self.metrics.api_connections);
-        let preface = Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE)));
-        if uid.is_some_and(|u| u == 0 || u == self.me) {
-            return Some(Admitted {
-                stream,
-                _hold: None,
-                _open: open,
-                preface,
-            });
-        }
+        Some(Admitted {
+            stream,
+            _hold: hold,
+            _open: Open::new(&self.metrics.api_connections),
+            preface: Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE))),
+        })
+    }
+
+    /// A share of the bounds for a peer of `uid` (`None`: unknown), or
+    /// `None` when it is refused (counted, and logged at most every
+    /// [`REFUSED_LOG_EVERY`]).
+    fn take(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<Hold> {
         let key = uid.unwrap_or(u32::MAX);
         let mut held = lock(&self.held);
         let mine = held.get(&key).copied().unwrap_or(0);
@@ -642,15 +651,10 @@ impl ConnectionGate {
             match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
                     held.insert(key, mine + 1);
-                    return Some(Admitted {
-                        stream,
-                        _hold: Some(Hold {
-                            gate: Arc::clone(self),
-                            uid: key,
-                            _permit: permit,
-                        }),
-                        _open: open,
-                        preface,
+                    return Some(Hold {
+                        gate: Arc::clone(self),
+                        uid: key,
+                        _permit: permit,
                     });
                 }
                 Err(_) => ("peers other than root hold --api-max-connections", "total"),
@@ -668,7 +672,7 @@ impl ConnectionGate {
             *logged = Some(std::time::Instant::now());
             tracing::warn!(
                 uid,
-                pid = cred.and_then(|c| c.pid()),
+                pid,
                 holder_uid = top.map(|t| t.0),
                 holder_connections = top.map(|t| t.1),
                 max = self.max,

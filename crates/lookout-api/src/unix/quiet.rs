@@ -1,5 +1,6 @@
 //! [`QuietStream`]: an accepted connection its clients' reads do not wake.
 
+use std::future::Future;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
@@ -10,9 +11,14 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{Interest, ReadBuf};
 use tonic::transport::server::{Connected, UdsConnectInfo};
 
-/// Bytes at most zeroed for one read (`ReadBuf` hands the rest over
-/// uninitialized; a read of HTTP/2 frames needs little more).
-const READ_CHUNK: usize = 64 * 1024;
+/// Bytes at most read (and zeroed first: h2 hands over an uninitialized
+/// buffer each time) in one call; a consumer's requests are small.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// How long a blocked write waits before it tries again when no second
+/// descriptor could be had to wait on (the process is at its open-file
+/// limit): the connection slows down rather than fails.
+const RETRY_WITHOUT_FD: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// An accepted connection whose server is not woken when its client reads.
 ///
@@ -30,8 +36,10 @@ const READ_CHUNK: usize = 64 * 1024;
 /// straight to the socket; only one that would block (a client that
 /// stopped reading, with its socket buffer full) registers a duplicate of
 /// the descriptor for writing, until a write succeeds again: such a
-/// connection holds two descriptors meanwhile. Nothing else changes: a
-/// peer's close still wakes the reader (`EPOLLRDHUP`/`EPOLLHUP`).
+/// connection holds two descriptors meanwhile (at the open-file limit it
+/// tries the write again every 20 ms instead). Nothing else changes: a
+/// peer's close still wakes the reader (`EPOLLRDHUP`/`EPOLLHUP`), and a
+/// blocked writer.
 ///
 /// ```no_run
 /// # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,6 +62,12 @@ pub struct QuietStream {
     /// A duplicate of the descriptor, registered for writing while a write
     /// would block.
     write: Option<AsyncFd<UnixStream>>,
+    /// While a write would block and no duplicate could be had: when to
+    /// try again.
+    retry: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The runtime it was registered with: a blocked write registers there
+    /// too, whichever context polls it.
+    runtime: tokio::runtime::Handle,
     info: UdsConnectInfo,
 }
 
@@ -69,7 +83,7 @@ impl QuietStream {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime with I/O enabled, as tokio's own sockets.
+    /// Outside a tokio runtime with I/O and time enabled.
     pub fn new(stream: tokio::net::UnixStream) -> io::Result<QuietStream> {
         let info = stream.connect_info();
         let stream = stream.into_std()?;
@@ -77,12 +91,31 @@ impl QuietStream {
         Ok(QuietStream {
             read: register(stream, Interest::READABLE)?,
             write: None,
+            retry: None,
+            runtime: tokio::runtime::Handle::current(),
             info,
         })
     }
 
     fn socket(&self) -> &UnixStream {
         self.read.get_ref()
+    }
+
+    /// A write would block: wait for the socket to be writable through a
+    /// duplicate registered for writing or, with no descriptor to spare,
+    /// for a short while.
+    fn wait_writable(&mut self) {
+        let _runtime = self.runtime.enter();
+        // Registering reports the socket writable at once if it became so
+        // since the write: no wake-up is lost.
+        match self
+            .socket()
+            .try_clone()
+            .and_then(|dup| register(dup, Interest::WRITABLE))
+        {
+            Ok(w) => self.write = Some(w),
+            Err(_) => self.retry = Some(Box::pin(tokio::time::sleep(RETRY_WITHOUT_FD))),
+        }
     }
 }
 
@@ -107,6 +140,11 @@ impl tokio::io::AsyncRead for QuietStream {
             let into = buf.initialize_unfilled_to(room);
             match ready.try_io(|s| s.get_ref().read(into)) {
                 Ok(Ok(n)) => {
+                    // Less than asked for: drained (as tokio does; not on
+                    // 0, the end, which must stay readable).
+                    if n > 0 && n < room {
+                        ready.clear_ready();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -138,13 +176,12 @@ impl QuietStream {
                     Err(_) => continue,
                 }
             }
+            if let Some(retry) = &mut self.retry {
+                ready!(retry.as_mut().poll(cx));
+                self.retry = None;
+            }
             match write(self.socket()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Registering reports the socket writable at once if it
-                    // became so since: no wake-up is lost.
-                    let dup = self.socket().try_clone()?;
-                    self.write = Some(register(dup, Interest::WRITABLE)?);
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 done => return Poll::Ready(done),
             }
@@ -203,12 +240,12 @@ mod tests {
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-    /// The epoll interest masks registered for `fd` in this process
-    /// (`/proc/self/fdinfo` of each epoll descriptor: `tfd: FD events: MASK
-    /// data: TOKEN ... ino: INODE`). Tests run side by side and reuse
-    /// descriptor numbers: the socket's inode tells them apart. mio keeps
-    /// two descriptors of one epoll instance: the same registration
-    /// (token) is counted once.
+    /// The epoll interest masks registered in this process for the socket
+    /// `fd` refers to, through any descriptor of it (duplicates included):
+    /// `/proc/self/fdinfo` of each epoll descriptor lists `tfd: FD events:
+    /// MASK data: TOKEN ... ino: INODE`, and the socket's inode tells the
+    /// tests running side by side apart. mio keeps two descriptors of one
+    /// epoll instance: the same registration (token) is counted once.
     fn interests(fd: i32) -> Vec<u32> {
         use std::os::unix::fs::MetadataExt;
         let socket = std::fs::metadata(format!("/proc/self/fd/{fd}")).expect("the socket");
@@ -227,8 +264,7 @@ mod tests {
             .unwrap_or_default();
             for line in info.lines() {
                 let w: Vec<&str> = line.split_whitespace().collect();
-                if let ["tfd:", n, "events:", mask, "data:", token, ..] = w[..]
-                    && n.parse::<i32>().ok() == Some(fd)
+                if let ["tfd:", _, "events:", mask, "data:", token, ..] = w[..]
                     && w.contains(&ino.as_str())
                     && let Ok(mask) = u32::from_str_radix(mask, 16)
                 {
@@ -336,16 +372,64 @@ mod tests {
                 }
             }
         };
-        let masks = interests(blocked);
-        assert_eq!(masks.len(), 1, "{masks:x?}");
+        // The socket's two registrations: the connection's for reading,
+        // the duplicate's for writing.
+        let mut masks = interests(blocked);
+        masks.sort_by_key(|m| m & EPOLLOUT);
+        assert_eq!(masks.len(), 2, "{masks:x?}");
         assert!(
-            masks[0] & EPOLLOUT != 0 && masks[0] & EPOLLIN == 0,
-            "{:x}",
-            masks[0]
+            masks[0] & EPOLLIN != 0 && masks[0] & EPOLLOUT == 0,
+            "{masks:x?}"
+        );
+        assert!(
+            masks[1] & EPOLLOUT != 0 && masks[1] & EPOLLIN == 0,
+            "{masks:x?}"
         );
         // The peer's credentials were read before the registration moved.
         use std::os::unix::fs::MetadataExt;
         let me = std::fs::metadata("/proc/self").expect("/proc/self").uid();
         assert_eq!(quiet.connect_info().peer_cred.map(|c| c.uid()), Some(me));
+    }
+
+    /// A peer that goes away while a write waits for it ends the write
+    /// with an error (the duplicate registered for writing hears the
+    /// hang-up), and leaves no registration behind.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_peer_gone_while_a_write_waits_ends_the_write() {
+        let (mut quiet, peer) = pair();
+        let fd = quiet.socket().as_raw_fd();
+        let chunk = vec![7u8; 64 * 1024];
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        while let Poll::Ready(r) = Pin::new(&mut quiet).poll_write(&mut cx, &chunk) {
+            r.expect("write");
+        }
+        assert_eq!(interests(fd).len(), 2, "blocked: read and write");
+        let write = async {
+            let mut n = 0u64;
+            loop {
+                match quiet.write(&chunk).await {
+                    Ok(w) => n += w as u64,
+                    Err(e) => return (e, n),
+                }
+            }
+        };
+        let close = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(peer);
+        };
+        let ((e, _), ()) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(write, close)
+        })
+        .await
+        .expect("a write waited for a peer that had gone");
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
+        assert!(quiet.write.is_none(), "still registered for writing");
+        assert_eq!(interests(fd).len(), 1, "the write registration stayed");
     }
 }
