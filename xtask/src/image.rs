@@ -612,7 +612,27 @@ fn cross_toolchain(triple: &str, prefix: &str) -> anyhow::Result<()> {
 fn layer_files(platform: &Platform, stripped: &Path) -> anyhow::Result<Files> {
     let mut files = Files::default();
     files.file(BINARY, 0o755, std::fs::read(stripped)?);
-    for (lib, at) in shared_libraries(platform, stripped)? {
+    let libs = shared_libraries(platform, stripped)?;
+    // N.B. The agent does without libm: loading it costs about 0.45 MiB of
+    // resident pages (docs/benchmarks.md, twelfth pass). Something that
+    // calls a libm function (`f64::powf`, tokio's multi-thread scheduler)
+    // brings it back; say so where the image is made.
+    if let Some((lib, _)) = libs.iter().find(|(lib, _)| {
+        lib.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("libm.so"))
+    }) {
+        say(
+            "image",
+            &format!(
+                "warning: the {} agent loads {} (about 0.45 MiB more resident memory); \
+                 `nm -D --undefined-only` on it names what it takes from there",
+                platform.arch,
+                lib.display()
+            ),
+        );
+    }
+    for (lib, at) in libs {
         let bytes = std::fs::read(&lib).with_context(|| format!("reading {}", lib.display()))?;
         let path = at.to_str().context("library path is not UTF-8")?;
         files.file(path.trim_start_matches('/'), 0o755, bytes);

@@ -134,23 +134,57 @@ pub(crate) fn run_with(
     // processes, Events) runs on a runtime and thread of its own: the
     // main runtime runs the runtime hook's task, which answers `create`,
     // `run` and `start`, and shares nothing with them that can stall.
-    let side = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("lookout-side")
-        .enable_all()
-        .build()
-        .context("starting the side tokio runtime")?;
+    let side = SideRuntime::start()?;
     let result = rt.block_on(run_async(
         args,
         bpf_object,
-        side.handle().clone(),
+        side.handle.clone(),
         control,
         clock,
     ));
     // Hook processes and reads stuck on a hung file system must not hold
     // the exit up: their tasks are abandoned.
-    side.shutdown_background();
+    side.stop();
     result
+}
+
+/// The side runtime: a current-thread runtime that a thread of its own,
+/// `lookout-side`, drives until [`SideRuntime::stop`].
+///
+/// N.B. Not tokio's multi-thread runtime with one worker: that does the
+/// same here, and its scheduler's statistics (`powf`) were one of the two
+/// reasons the agent loaded libm, which costs about 0.45 MiB of resident
+/// pages (see `serve::exponential_buckets`).
+struct SideRuntime {
+    handle: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl SideRuntime {
+    fn start() -> anyhow::Result<SideRuntime> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .thread_name("lookout-side")
+            .enable_all()
+            .build()
+            .context("starting the side tokio runtime")?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("lookout-side".into())
+            .spawn(move || {
+                // Ends when `stop` is sent or dropped.
+                let _ = rt.block_on(stopped);
+                rt.shutdown_background();
+            })
+            .context("starting the side tokio runtime's thread")?;
+        Ok(SideRuntime { handle, stop })
+    }
+
+    /// Lets the side runtime's thread drop its tasks and end, without
+    /// waiting for it.
+    fn stop(self) {
+        let _ = self.stop.send(());
+    }
 }
 
 async fn run_async(
