@@ -79,11 +79,22 @@ impl ExecRecord {
     }
 }
 
+/// Records older than this are never paired with an exec: a record waits
+/// for its fanotify event only as long as the answering thread is behind,
+/// and an older one is an orphan (an exec that failed, or of an unmarked
+/// file with a watched name) whose thread id may since belong to another
+/// process.
+const MAX_AGE_NS: u64 = 30_000_000_000;
+
+/// Above this many records waiting, the table drops orphans older than
+/// [`MAX_AGE_NS`] (then not again before it has doubled).
+const SWEEP_ABOVE: usize = 256;
+
 /// The consumer side of the argv ring buffer, movable to the thread that
 /// answers permission events (see [`ExecCapture::take_ring`]).
 pub struct ArgvRing {
     ring: RingBuf<MapData>,
-    pending: HashMap<u32, ExecRecord>,
+    pending: Pending,
 }
 
 impl std::fmt::Debug for ArgvRing {
@@ -97,46 +108,89 @@ impl std::fmt::Debug for ArgvRing {
 impl ArgvRing {
     /// Moves every record from the ring buffer into the pending table.
     pub fn drain(&mut self) {
-        self.drain_until(None);
-    }
-
-    /// Drains the ring into the pending table, stopping early at (and
-    /// returning) a record of thread `want`.
-    fn drain_until(&mut self, want: Option<u32>) -> Option<ExecRecord> {
-        let mut found = None;
         while let Some(item) = self.ring.next() {
             if let Some(rec) = ExecRecord::from_bytes(&item) {
-                if Some(rec.tid) == want {
-                    found = Some(rec);
-                    break;
-                }
-                self.pending.insert(rec.tid, rec);
+                self.pending.insert(rec);
             }
         }
-        if self.pending.len() > MAX_PENDING {
-            // Execs whose fanotify event never came (failed PATH lookups,
-            // execs of an unmarked file with a watched name): drop the oldest.
-            let mut times: Vec<u64> = self.pending.values().map(|r| r.ktime_ns).collect();
-            times.sort_unstable();
-            let cut = times[self.pending.len() - MAX_PENDING / 2];
-            self.pending.retain(|_, r| r.ktime_ns >= cut);
-        }
-        found
+        self.pending.bound(monotonic_ns());
     }
 
-    /// The latest record of thread `tid`, if any.
+    /// The latest record of thread `tid`, if any and not older than
+    /// [`MAX_AGE_NS`].
+    ///
+    /// The whole ring is drained first: a thread's records are all older
+    /// than the exec being answered (the thread waits in that exec), and
+    /// the last one is that exec's. A `PATH` search (`execvp` tries each
+    /// directory in turn, and every attempt is captured at syscall entry)
+    /// leaves one record per directory tried; the first is not the exec
+    /// that happened, and the others must not stay behind as orphans.
     pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
-        // A thread execs one file at a time, and its record is written
-        // before its fanotify event: a record of `tid` still in the ring is
-        // newer than one in the table.
-        match self.drain_until(Some(tid)) {
-            Some(rec) => {
-                self.pending.remove(&tid);
-                Some(rec)
+        self.drain();
+        self.pending.take(tid, monotonic_ns())
+    }
+}
+
+/// Records waiting for their fanotify event, the latest per thread.
+#[derive(Default)]
+struct Pending {
+    records: HashMap<u32, ExecRecord>,
+    /// The size above which orphans are swept next.
+    sweep_at: usize,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Adds `rec`, which replaces any older record of its thread.
+    fn insert(&mut self, rec: ExecRecord) {
+        match self.records.entry(rec.tid) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                if rec.ktime_ns >= o.get().ktime_ns {
+                    o.insert(rec);
+                }
             }
-            None => self.pending.remove(&tid),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(rec);
+            }
         }
     }
+
+    /// Thread `tid`'s record, unless it is older than [`MAX_AGE_NS`] at
+    /// `now_ns` (CLOCK_MONOTONIC).
+    fn take(&mut self, tid: u32, now_ns: u64) -> Option<ExecRecord> {
+        self.records
+            .remove(&tid)
+            .filter(|r| now_ns.saturating_sub(r.ktime_ns) <= MAX_AGE_NS)
+    }
+
+    /// Drops orphans: those older than [`MAX_AGE_NS`] once the table has
+    /// grown past [`SWEEP_ABOVE`] (or twice its size after the last sweep),
+    /// and the oldest half past [`MAX_PENDING`], whatever their age.
+    fn bound(&mut self, now_ns: u64) {
+        if self.records.len() > self.sweep_at.max(SWEEP_ABOVE) {
+            self.records
+                .retain(|_, r| now_ns.saturating_sub(r.ktime_ns) <= MAX_AGE_NS);
+            self.sweep_at = 2 * self.records.len();
+        }
+        if self.records.len() > MAX_PENDING {
+            let mut times: Vec<u64> = self.records.values().map(|r| r.ktime_ns).collect();
+            times.sort_unstable();
+            let cut = times[self.records.len() - MAX_PENDING / 2];
+            self.records.retain(|_, r| r.ktime_ns >= cut);
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `ExecRecord::ktime_ns`.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+        // N.B. Never fails for CLOCK_MONOTONIC; a 0 would only keep
+        // every record (none counts as old).
+        .unwrap_or(0)
 }
 
 /// The loaded argv-capture programs.
@@ -290,7 +344,7 @@ impl ExecCapture {
             _ebpf: ebpf,
             ring: Some(ArgvRing {
                 ring,
-                pending: HashMap::new(),
+                pending: Pending::default(),
             }),
             filter,
             exit,
@@ -356,6 +410,86 @@ impl ExecCapture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(tid: u32, ktime_ns: u64, filename: &str) -> ExecRecord {
+        ExecRecord {
+            tgid: tid,
+            tid,
+            ktime_ns,
+            uid: 0,
+            filename: filename.to_owned(),
+            argv: vec!["runc".to_owned(), "start".to_owned(), "c1".to_owned()],
+            truncated: false,
+        }
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_path_search_leaves_its_last_attempt_and_no_orphan() {
+        let mut p = Pending::default();
+        // execvp("runc") from a caller whose PATH starts with two
+        // directories without it: three records of one thread, in order.
+        for (i, dir) in ["/root/bin", "/usr/local/sbin", "/usr/sbin"]
+            .iter()
+            .enumerate()
+        {
+            p.insert(record(7, 100 * S + i as u64, &format!("{dir}/runc")));
+        }
+        assert_eq!(p.len(), 1);
+        let got = p.take(7, 100 * S + 10).expect("the thread's record");
+        assert_eq!(got.filename, "/usr/sbin/runc");
+        assert_eq!(p.len(), 0, "no attempt left behind");
+        // An older record arriving late never replaces a newer one.
+        p.insert(record(8, 200 * S, "/usr/sbin/runc"));
+        p.insert(record(8, 199 * S, "/usr/local/sbin/runc"));
+        assert_eq!(
+            p.take(8, 200 * S).map(|r| r.filename).as_deref(),
+            Some("/usr/sbin/runc")
+        );
+    }
+
+    #[test]
+    fn an_orphan_is_not_paired_with_a_later_process_of_its_thread_id() {
+        let mut p = Pending::default();
+        // An exec that never produced a fanotify event (it failed).
+        p.insert(record(9, 10 * S, "/usr/local/bin/runc"));
+        // Much later a new process has thread id 9 and execs runc itself
+        // (`runc init`, no record by design).
+        assert_eq!(p.take(9, 10 * S + MAX_AGE_NS + 1), None);
+        assert_eq!(p.len(), 0);
+        p.insert(record(9, 50 * S, "/usr/sbin/runc"));
+        assert!(p.take(9, 50 * S + MAX_AGE_NS).is_some(), "at the age bound");
+    }
+
+    #[test]
+    fn orphans_are_swept_by_age_and_bounded_by_count() {
+        let mut p = Pending::default();
+        for tid in 0..SWEEP_ABOVE as u32 {
+            p.insert(record(tid, S, "/usr/local/bin/runc"));
+        }
+        p.bound(S + MAX_AGE_NS + 1);
+        assert_eq!(p.len(), SWEEP_ABOVE, "not above the sweep size yet");
+        p.insert(record(100_000, S + MAX_AGE_NS, "/usr/sbin/runc"));
+        p.bound(S + MAX_AGE_NS + 1);
+        assert_eq!(p.len(), 1, "the old orphans went, the fresh record stayed");
+        // Fresh records past the count bound: the oldest half goes.
+        let mut p = Pending::default();
+        let now = 1000 * S;
+        for tid in 0..=MAX_PENDING as u32 {
+            p.insert(record(tid, now + u64::from(tid), "/usr/sbin/runc"));
+            p.bound(now + u64::from(tid));
+        }
+        assert!(p.len() <= MAX_PENDING);
+        assert!(
+            p.take(MAX_PENDING as u32, now + MAX_PENDING as u64)
+                .is_some()
+        );
+        assert!(
+            p.take(0, now + MAX_PENDING as u64).is_none(),
+            "the oldest went"
+        );
+    }
 
     #[test]
     fn decodes_a_record() {
