@@ -858,15 +858,13 @@ pub fn spawn(
             max_per_uid,
             hub.metrics().clone(),
         ));
-        let incoming = tokio_stream::StreamExt::filter_map(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            move |conn| match conn {
+        let incoming =
+            tokio_stream::StreamExt::filter_map(accepted(listener), move |conn| match conn {
                 Ok(stream) => gate
                     .admit(stream)
                     .map(|c| Ok(lookout_api::unix::AuthorityFix::new(c))),
                 Err(e) => Some(Err(e)),
-            },
-        );
+            });
         let svc = Service {
             hub,
             auth,
@@ -889,9 +887,106 @@ pub fn spawn(
     Ok(Health(serving))
 }
 
+/// How long the consumer API waits after an `accept` that failed.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A failed `accept` is logged at most this often.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Where the consumer API accepts connections from: its socket, or a
+/// test's stand-in.
+trait Acceptor {
+    type Conn;
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<Self::Conn>> + Send;
+}
+
+impl Acceptor for tokio::net::UnixListener {
+    type Conn = tokio::net::UnixStream;
+    async fn accept(&mut self) -> std::io::Result<tokio::net::UnixStream> {
+        tokio::net::UnixListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// The connections `from` accepts. A failed `accept` is retried after
+/// [`ACCEPT_BACKOFF`], and never reaches tonic.
+///
+/// N.B. tonic's server takes an error from its incoming stream as one
+/// connection lost and asks for the next at once. At the open-file limit
+/// (`EMFILE`) the connection stays queued and the socket stays readable,
+/// so each `accept` fails again at once: the API thread would spin at full
+/// CPU for as long as the descriptors stay short.
+fn accepted<A>(mut from: A) -> impl Stream<Item = std::io::Result<A::Conn>>
+where
+    A: Acceptor,
+{
+    async_stream::stream! {
+        let mut warned: Option<std::time::Instant> = None;
+        loop {
+            match from.accept().await {
+                Ok(conn) => yield Ok(conn),
+                Err(e) => {
+                    if warned.is_none_or(|t| t.elapsed() >= ACCEPT_WARN_EVERY) {
+                        warned = Some(std::time::Instant::now());
+                        tracing::warn!(
+                            %e,
+                            "consumer API: cannot accept a connection; trying again every {} ms",
+                            ACCEPT_BACKOFF.as_millis()
+                        );
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fails its first `failures` accepts with `EMFILE`, as a socket does
+    /// while the process is at its open-file limit, then accepts `42`.
+    struct Exhausted {
+        failures: usize,
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Acceptor for Exhausted {
+        type Conn = u32;
+        async fn accept(&mut self) -> std::io::Result<u32> {
+            let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n < self.failures {
+                Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+            } else {
+                Ok(42)
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failing_accept_backs_off_instead_of_spinning() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = accepted(Exhausted {
+            failures: 4,
+            calls: Arc::clone(&calls),
+        });
+        let mut stream = std::pin::pin!(stream);
+        let started = std::time::Instant::now();
+        // Nothing comes out while accepts fail, and they are not retried
+        // at once: after 120 ms, at most three tries (0, 50 and 100 ms).
+        let early = tokio::time::timeout(
+            Duration::from_millis(120),
+            futures::StreamExt::next(&mut stream),
+        )
+        .await;
+        assert!(early.is_err(), "an error reached the stream: {early:?}");
+        let tried = calls.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=3).contains(&tried), "{tried} accepts in 120 ms");
+        let conn = futures::StreamExt::next(&mut stream).await;
+        assert_eq!(conn.map(|c| c.ok()), Some(Some(42)));
+        assert!(started.elapsed() >= 4 * ACCEPT_BACKOFF);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 5);
+    }
 
     #[test]
     fn a_filter_too_large_to_match_cheaply_is_refused() {
