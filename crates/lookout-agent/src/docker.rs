@@ -198,7 +198,7 @@ async fn work<S>(
         let (daemons, mut out, metrics) = (Arc::clone(&daemons), out.clone(), Arc::clone(&metrics));
         // The lookup (a blocking call to the daemon) and the emit (the
         // merger's and the hub's mutexes) on a blocking thread, never on
-        // the side runtime's one worker.
+        // the side runtime's thread.
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let outcome = look_up(&daemons, &id);

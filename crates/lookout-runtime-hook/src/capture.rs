@@ -79,16 +79,23 @@ impl ExecRecord {
     }
 }
 
-/// Records older than this are never paired with an exec: a record waits
-/// for its fanotify event only as long as the answering thread is behind,
-/// and an older one is an orphan (an exec that failed, or of an unmarked
-/// file with a watched name) whose thread id may since belong to another
-/// process.
+/// A record older than this is paired with an exec only if its thread
+/// already existed when it was written: an orphan (an exec that failed,
+/// or of an unmarked file with a watched name) may have a thread id that a
+/// later process got after a pid wrap. Younger records are paired as they
+/// are (no `/proc` read on the answering path).
+const CHECK_OLDER_THAN_NS: u64 = 1_000_000_000;
+
+/// Orphans older than this are swept, at most once a second, while more
+/// than [`SWEEP_ABOVE`] records wait.
 const MAX_AGE_NS: u64 = 30_000_000_000;
 
-/// Above this many records waiting, the table drops orphans older than
-/// [`MAX_AGE_NS`] (then not again before it has doubled).
+/// Above this many records waiting, orphans older than [`MAX_AGE_NS`] are
+/// swept.
 const SWEEP_ABOVE: usize = 256;
+
+/// How often the sweep runs at most.
+const SWEEP_EVERY_NS: u64 = 1_000_000_000;
 
 /// The consumer side of the argv ring buffer, movable to the thread that
 /// answers permission events (see [`ExecCapture::take_ring`]).
@@ -116,8 +123,9 @@ impl ArgvRing {
         self.pending.bound(monotonic_ns());
     }
 
-    /// The latest record of thread `tid`, if any and not older than
-    /// [`MAX_AGE_NS`].
+    /// The latest record of thread `tid`, if any (and, for a record older
+    /// than [`CHECK_OLDER_THAN_NS`], if the thread existed when it was
+    /// written).
     ///
     /// The whole ring is drained first: a thread's records are all older
     /// than the exec being answered (the thread waits in that exec), and
@@ -127,7 +135,7 @@ impl ArgvRing {
     /// that happened, and the others must not stay behind as orphans.
     pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
         self.drain();
-        self.pending.take(tid, monotonic_ns())
+        self.pending.take(tid, monotonic_ns(), thread_start_ns)
     }
 }
 
@@ -135,8 +143,8 @@ impl ArgvRing {
 #[derive(Default)]
 struct Pending {
     records: HashMap<u32, ExecRecord>,
-    /// The size above which orphans are swept next.
-    sweep_at: usize,
+    /// When orphans were last swept (CLOCK_MONOTONIC, ns).
+    swept_ns: u64,
 }
 
 impl Pending {
@@ -158,22 +166,37 @@ impl Pending {
         }
     }
 
-    /// Thread `tid`'s record, unless it is older than [`MAX_AGE_NS`] at
-    /// `now_ns` (CLOCK_MONOTONIC).
-    fn take(&mut self, tid: u32, now_ns: u64) -> Option<ExecRecord> {
-        self.records
-            .remove(&tid)
-            .filter(|r| now_ns.saturating_sub(r.ktime_ns) <= MAX_AGE_NS)
+    /// Thread `tid`'s record at `now_ns` (CLOCK_MONOTONIC). One older than
+    /// [`CHECK_OLDER_THAN_NS`] is kept only if `started_ns(tid)`, the
+    /// thread's start on the same clock, is not after it (or unknown).
+    fn take(
+        &mut self,
+        tid: u32,
+        now_ns: u64,
+        started_ns: impl FnOnce(u32) -> Option<u64>,
+    ) -> Option<ExecRecord> {
+        let rec = self.records.remove(&tid)?;
+        if now_ns.saturating_sub(rec.ktime_ns) <= CHECK_OLDER_THAN_NS {
+            return Some(rec);
+        }
+        match started_ns(tid) {
+            // N.B. `/proc`'s start time has clock-tick precision (10 ms):
+            // a thread started up to a tick after its record is its own.
+            Some(start) if start > rec.ktime_ns.saturating_add(TICK_SLACK_NS) => None,
+            _ => Some(rec),
+        }
     }
 
-    /// Drops orphans: those older than [`MAX_AGE_NS`] once the table has
-    /// grown past [`SWEEP_ABOVE`] (or twice its size after the last sweep),
-    /// and the oldest half past [`MAX_PENDING`], whatever their age.
+    /// Drops orphans: at most once a second, while more than
+    /// [`SWEEP_ABOVE`] wait, those older than [`MAX_AGE_NS`]; and past
+    /// [`MAX_PENDING`], the oldest half whatever their age.
     fn bound(&mut self, now_ns: u64) {
-        if self.records.len() > self.sweep_at.max(SWEEP_ABOVE) {
+        if self.records.len() > SWEEP_ABOVE
+            && now_ns.saturating_sub(self.swept_ns) >= SWEEP_EVERY_NS
+        {
+            self.swept_ns = now_ns;
             self.records
                 .retain(|_, r| now_ns.saturating_sub(r.ktime_ns) <= MAX_AGE_NS);
-            self.sweep_at = 2 * self.records.len();
         }
         if self.records.len() > MAX_PENDING {
             let mut times: Vec<u64> = self.records.values().map(|r| r.ktime_ns).collect();
@@ -182,6 +205,33 @@ impl Pending {
             self.records.retain(|_, r| r.ktime_ns >= cut);
         }
     }
+}
+
+/// Two clock ticks of `/proc/<pid>/stat` at 100 Hz.
+const TICK_SLACK_NS: u64 = 20_000_000;
+
+/// When thread `tid` started, on CLOCK_MONOTONIC (ns): `/proc/<tid>/stat`
+/// counts clock ticks on the boot-time clock, which runs ahead of the
+/// monotonic one by the time the machine was suspended. `None` when it
+/// cannot be read.
+fn thread_start_ns(tid: u32) -> Option<u64> {
+    use nix::time::{ClockId, clock_gettime};
+    let ticks = lookout_host::proc::start_time(tid)?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&hz| hz > 0)? as u64;
+    let ns = |c: ClockId| {
+        clock_gettime(c)
+            .ok()
+            .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+    };
+    let suspended = ns(ClockId::CLOCK_BOOTTIME)?.saturating_sub(ns(ClockId::CLOCK_MONOTONIC)?);
+    Some(
+        ticks
+            .saturating_mul(1_000_000_000 / hz)
+            .saturating_sub(suspended),
+    )
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `ExecRecord::ktime_ns`.
@@ -425,6 +475,11 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// A thread's start as `/proc` would give it: unknown.
+    fn unknown(_: u32) -> Option<u64> {
+        None
+    }
+
     #[test]
     fn a_path_search_leaves_its_last_attempt_and_no_orphan() {
         let mut p = Pending::default();
@@ -437,29 +492,51 @@ mod tests {
             p.insert(record(7, 100 * S + i as u64, &format!("{dir}/runc")));
         }
         assert_eq!(p.len(), 1);
-        let got = p.take(7, 100 * S + 10).expect("the thread's record");
+        let got = p
+            .take(7, 100 * S + 10, unknown)
+            .expect("the thread's record");
         assert_eq!(got.filename, "/usr/sbin/runc");
         assert_eq!(p.len(), 0, "no attempt left behind");
         // An older record arriving late never replaces a newer one.
         p.insert(record(8, 200 * S, "/usr/sbin/runc"));
         p.insert(record(8, 199 * S, "/usr/local/sbin/runc"));
-        assert_eq!(
-            p.take(8, 200 * S).map(|r| r.filename).as_deref(),
-            Some("/usr/sbin/runc")
-        );
+        let got = p.take(8, 200 * S, unknown).map(|r| r.filename);
+        assert_eq!(got.as_deref(), Some("/usr/sbin/runc"));
     }
 
     #[test]
-    fn an_orphan_is_not_paired_with_a_later_process_of_its_thread_id() {
+    fn an_old_record_is_paired_only_with_a_thread_that_predates_it() {
         let mut p = Pending::default();
-        // An exec that never produced a fanotify event (it failed).
+        // An exec that never produced a fanotify event (it failed) at 10 s;
+        // at 500 s a new thread that got its id after a pid wrap (started
+        // at 400 s) execs runc itself (`runc init`, no record by design).
         p.insert(record(9, 10 * S, "/usr/local/bin/runc"));
-        // Much later a new process has thread id 9 and execs runc itself
-        // (`runc init`, no record by design).
-        assert_eq!(p.take(9, 10 * S + MAX_AGE_NS + 1), None);
+        assert_eq!(p.take(9, 500 * S, |_| Some(400 * S)), None);
         assert_eq!(p.len(), 0);
-        p.insert(record(9, 50 * S, "/usr/sbin/runc"));
-        assert!(p.take(9, 50 * S + MAX_AGE_NS).is_some(), "at the age bound");
+        // An answering thread 60 s behind: the record is old, but its
+        // thread started before it, so it is the exec being answered.
+        p.insert(record(9, 600 * S, "/usr/sbin/runc"));
+        assert!(p.take(9, 660 * S, |_| Some(599 * S)).is_some());
+        // Within a clock tick of /proc's precision, and when /proc cannot
+        // tell, the record is paired.
+        p.insert(record(9, 700 * S, "/usr/sbin/runc"));
+        assert!(
+            p.take(9, 760 * S, |_| Some(700 * S + TICK_SLACK_NS))
+                .is_some()
+        );
+        p.insert(record(9, 800 * S, "/usr/sbin/runc"));
+        assert!(p.take(9, 860 * S, unknown).is_some());
+        // A young record is paired without asking.
+        p.insert(record(9, 900 * S, "/usr/sbin/runc"));
+        let asked = std::cell::Cell::new(false);
+        assert!(
+            p.take(9, 900 * S + CHECK_OLDER_THAN_NS, |_| {
+                asked.set(true);
+                None
+            })
+            .is_some()
+        );
+        assert!(!asked.get(), "no /proc read for a young record");
     }
 
     #[test]
@@ -470,9 +547,18 @@ mod tests {
         }
         p.bound(S + MAX_AGE_NS + 1);
         assert_eq!(p.len(), SWEEP_ABOVE, "not above the sweep size yet");
-        p.insert(record(100_000, S + MAX_AGE_NS, "/usr/sbin/runc"));
-        p.bound(S + MAX_AGE_NS + 1);
+        p.insert(record(100_000, 40 * S, "/usr/sbin/runc"));
+        p.bound(40 * S);
         assert_eq!(p.len(), 1, "the old orphans went, the fresh record stayed");
+        // After a sweep that found nothing to drop, a later one still runs.
+        for tid in 0..SWEEP_ABOVE as u32 {
+            p.insert(record(tid, 41 * S, "/usr/local/bin/runc"));
+        }
+        p.bound(41 * S);
+        assert_eq!(p.len(), SWEEP_ABOVE + 1, "all young");
+        p.bound(41 * S + SWEEP_EVERY_NS / 2);
+        p.bound(41 * S + MAX_AGE_NS + 1);
+        assert_eq!(p.len(), 0, "swept a second time");
         // Fresh records past the count bound: the oldest half goes.
         let mut p = Pending::default();
         let now = 1000 * S;
@@ -482,12 +568,24 @@ mod tests {
         }
         assert!(p.len() <= MAX_PENDING);
         assert!(
-            p.take(MAX_PENDING as u32, now + MAX_PENDING as u64)
+            p.take(MAX_PENDING as u32, now + MAX_PENDING as u64, unknown)
                 .is_some()
         );
         assert!(
-            p.take(0, now + MAX_PENDING as u64).is_none(),
+            p.take(0, now + MAX_PENDING as u64, unknown).is_none(),
             "the oldest went"
+        );
+    }
+
+    #[test]
+    fn a_threads_start_is_read_on_the_monotonic_clock() {
+        // This thread started before now, and not before boot.
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        let start = thread_start_ns(tid).expect("this thread's start");
+        let now = monotonic_ns();
+        assert!(
+            start <= now + TICK_SLACK_NS,
+            "start {start} after now {now}"
         );
     }
 
