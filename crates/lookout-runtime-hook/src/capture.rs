@@ -115,12 +115,18 @@ impl std::fmt::Debug for ArgvRing {
 impl ArgvRing {
     /// Moves every record from the ring buffer into the pending table.
     pub fn drain(&mut self) {
+        self.drain_at(lookout_model::monotonic_ns());
+    }
+
+    /// [`ArgvRing::drain`], `now_ns` being CLOCK_MONOTONIC (the clock of
+    /// `ExecRecord::ktime_ns`).
+    fn drain_at(&mut self, now_ns: u64) {
         while let Some(item) = self.ring.next() {
             if let Some(rec) = ExecRecord::from_bytes(&item) {
                 self.pending.insert(rec);
             }
         }
-        self.pending.bound(monotonic_ns());
+        self.pending.bound(now_ns);
     }
 
     /// The latest record of thread `tid`, if any (and, for a record older
@@ -134,8 +140,9 @@ impl ArgvRing {
     /// leaves one record per directory tried; the first is not the exec
     /// that happened, and the others must not stay behind as orphans.
     pub fn take(&mut self, tid: u32) -> Option<ExecRecord> {
-        self.drain();
-        self.pending.take(tid, monotonic_ns(), thread_start_ns)
+        let now = lookout_model::monotonic_ns();
+        self.drain_at(now);
+        self.pending.take(tid, now, thread_start_ns)
     }
 }
 
@@ -221,26 +228,14 @@ fn thread_start_ns(tid: u32) -> Option<u64> {
         .ok()
         .flatten()
         .filter(|&hz| hz > 0)? as u64;
-    let ns = |c: ClockId| {
-        clock_gettime(c)
-            .ok()
-            .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
-    };
-    let suspended = ns(ClockId::CLOCK_BOOTTIME)?.saturating_sub(ns(ClockId::CLOCK_MONOTONIC)?);
+    let boot = clock_gettime(ClockId::CLOCK_BOOTTIME).ok()?;
+    let boot_ns = (boot.tv_sec() as u64).saturating_mul(1_000_000_000) + boot.tv_nsec() as u64;
+    let suspended = boot_ns.saturating_sub(lookout_model::monotonic_ns());
     Some(
         ticks
             .saturating_mul(1_000_000_000 / hz)
             .saturating_sub(suspended),
     )
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `ExecRecord::ktime_ns`.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
-        // N.B. Never fails for CLOCK_MONOTONIC; a 0 would only keep
-        // every record (none counts as old).
-        .unwrap_or(0)
 }
 
 /// The loaded argv-capture programs.
@@ -582,7 +577,7 @@ mod tests {
         // This thread started before now, and not before boot.
         let tid = nix::unistd::gettid().as_raw() as u32;
         let start = thread_start_ns(tid).expect("this thread's start");
-        let now = monotonic_ns();
+        let now = lookout_model::monotonic_ns();
         assert!(
             start <= now + TICK_SLACK_NS,
             "start {start} after now {now}"
