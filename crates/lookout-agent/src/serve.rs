@@ -250,7 +250,8 @@ impl Metrics {
                 r,
                 "runtime_execs_ignored",
                 "Runtime execs allowed at once and not followed, by reason (non-root: the caller is \
-             not host root and cannot make a rootful container)",
+             not host root and cannot make a rootful container; pid-namespace: root in a pid \
+             namespace other than the node's, such as a container's)",
                 Family::<ReasonLabels, Counter>::default(),
             ),
             http_refused: register(

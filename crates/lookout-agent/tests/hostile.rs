@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lookout_testsupport::{User, bundle, unprivileged_user};
+use lookout_testsupport::{User, bundle, require_program, unprivileged_user};
 use serde_json::Value;
 
 mod common;
@@ -66,6 +66,20 @@ fn wait_metric(agent: &Agent, names: &[&str], min: f64) {
             "{names:?} never reached {min} together:\n{page}"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Each of `ids` was added once, by the runtime hook at its `create`
+/// (`created`), and removed once; each is cleaned up.
+fn each_seen_once_at_create(agent: &Agent, rt: &Runtime, ids: &[String]) {
+    for id in ids {
+        rt.cleanup(id);
+        let ev = agent.events_for(id);
+        let n = |k: &str| ev.iter().filter(|e| e["event"] == k).count();
+        assert_eq!((n("added"), n("removed")), (1, 1), "{id}: {ev:?}");
+        let added = ev.iter().find(|e| e["event"] == "added").expect("added");
+        assert_eq!(added["source"], "runtime-hook", "{added}");
+        assert_eq!(added["container"]["status"], "created", "{added}");
     }
 }
 
@@ -402,15 +416,7 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
         agent.wait_event(id, "removed", Duration::from_secs(30));
     }
     drop(attackers);
-    for id in &ids {
-        rt.cleanup(id);
-        let ev = agent.events_for(id);
-        let n = |k: &str| ev.iter().filter(|e| e["event"] == k).count();
-        assert_eq!((n("added"), n("removed")), (1, 1), "{id}: {ev:?}");
-        let added = ev.iter().find(|e| e["event"] == "added").expect("added");
-        assert_eq!(added["source"], "runtime-hook", "{added}");
-        assert_eq!(added["container"]["status"], "created", "{added}");
-    }
+    each_seen_once_at_create(&agent, &rt, &ids);
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
 }
@@ -542,4 +548,102 @@ int main(int argc, char **argv) {
         .expect("run gcc");
     assert!(status.success(), "gcc failed");
     bin
+}
+
+/// Root in a container without a user namespace (the Kubernetes default)
+/// is uid 0 to the kernel, like host root. It fills the argv ring with
+/// records named like the runtime, so that the real runtime's records
+/// find no room: without a defence, root's
+/// containers are followed late, after the fact, and their starts are not
+/// held. The BPF programs record only callers in the agent's own pid
+/// namespace, and the late path refuses the rest (docs/security.md).
+#[test]
+fn a_root_exec_flood_from_a_container_pid_namespace_hides_no_container() {
+    let test = "pidns-flood";
+    if !ready(test) || !require_program(test, "unshare") {
+        return;
+    }
+    const N: usize = 6;
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&rt, &[]);
+    let count = dir.path().join("count");
+    // In a pid namespace of its own, like a pod's processes: root execs a
+    // file called runc (that need not exist) as fast as it can, and notes
+    // every 64th try. Records as short as they come (304 bytes with the
+    // ring's header) fill the ring to its last 304 bytes, less than any
+    // `runc create` needs.
+    let flood = "i=0; while :; do /nonexistent/runc; i=$((i+1)); \
+                 [ $((i % 64)) -eq 0 ] && echo $i > \"$0.new\" && mv \"$0.new\" \"$0\"; done";
+    let flooder = KillOnDrop(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "/bin/sh", "-c"])
+            .arg(flood)
+            .arg(&count)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("flooder"),
+    );
+    let tries = || {
+        std::fs::read_to_string(&count)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // Before each of root's runtime execs, 1024 more tries: 862 records
+    // would fill the 256 KiB ring that root's last exec drained.
+    let fill = || {
+        let want = tries() + 1024;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tries() < want {
+            assert!(
+                Instant::now() < deadline,
+                "the flood stalled at {}",
+                tries()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let bs = b.to_str().expect("utf-8");
+    let ids: Vec<String> = (0..N).map(|i| format!("{}-{i}", id(test))).collect();
+    for id in &ids {
+        fill();
+        rt.ok(&["create", "--bundle", bs, id]);
+        fill();
+        rt.ok(&["start", id]);
+    }
+    for id in &ids {
+        agent.wait_event(id, "removed", Duration::from_secs(30));
+    }
+    drop(flooder);
+    let page = agent.metrics();
+    each_seen_once_at_create(&agent, &rt, &ids);
+    // Every one of root's runtime execs found its record: none was
+    // allowed blindly and followed late.
+    assert_eq!(
+        metric(&page, "lookout_runtime_execs_without_argv_total"),
+        Some(0.0),
+        "{page}"
+    );
+
+    // Root of that namespace runs the watched runtime itself: no record
+    // (the programs skip it), and the late path takes it for what it is.
+    let st = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(&rt.path)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .expect("runc --version in a pid namespace");
+    assert!(st.success());
+    wait_metric(
+        &agent,
+        &["lookout_runtime_execs_ignored_total{reason=\"pid-namespace\"}"],
+        1.0,
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
 }

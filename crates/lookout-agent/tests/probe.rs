@@ -399,4 +399,43 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
         .filter(|pid| ring.take(*pid).is_none())
         .collect();
     assert!(lost.is_empty(), "records lost from the ring: {lost:?}");
+
+    // Root in a pid namespace of its own (a container's, without a user
+    // namespace) is uid 0 too, and is not recorded: only the node's pid
+    // namespace is. The shell learns its pid on the node from the node's
+    // /proc (its own `/proc/self` there), then becomes the binary.
+    if !lookout_testsupport::require_program(test, "unshare") {
+        return;
+    }
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "read -r s _ < /proc/self/stat; echo \"$s\" > {}; exec {} in-a-pid-namespace",
+        pid_file.display(),
+        exe.display()
+    );
+    let st = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "/bin/sh", "-c", &script])
+        .status()
+        .expect("unshare");
+    assert!(st.success(), "{st}");
+    let nested: u32 = std::fs::read_to_string(&pid_file)
+        .expect("the pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // Then one in the node's namespace: once its record is read, any record
+    // of the earlier exec would have been read too.
+    let mut child = Command::new(&exe).arg("on-the-node").spawn().expect("run");
+    let after = child.id();
+    assert!(child.wait().expect("wait").success());
+    lookout_testsupport::wait_until(
+        std::time::Duration::from_secs(10),
+        || ring.take(after).is_some(),
+        || format!("no argv record of pid {after} ({name}) in 10 s"),
+    );
+    assert_eq!(
+        ring.take(nested).map(|r| r.argv),
+        None,
+        "an exec in another pid namespace was recorded"
+    );
 }

@@ -109,6 +109,13 @@ pub const EXEC_FILTER_CAPACITY: u32 = 64;
 /// the agent twice its size in RSS.
 pub const EXEC_EVENTS_BYTES: u32 = 256 * 1024;
 
+/// Global: the kernel `dev_t` (major << 20 | minor) of the nsfs holding
+/// the pid namespace whose execs the argv programs record.
+pub const HOST_PIDNS_DEV_GLOBAL: &str = "HOST_PIDNS_DEV";
+/// Global: the inode number of that pid namespace. Both 0: the programs
+/// record nothing.
+pub const HOST_PIDNS_INO_GLOBAL: &str = "HOST_PIDNS_INO";
+
 /// Bytes kept of the exec'd file name.
 pub const FILENAME_LEN: usize = 256;
 /// Bytes kept of one argument (including its NUL).

@@ -1,7 +1,9 @@
 //! argv capture for the runtime hook: `sys_enter_execve` and
 //! `sys_enter_execveat`, filtered by the exec'd file's name in the kernel.
 
+use aya_ebpf::bindings::bpf_pidns_info;
 use aya_ebpf::cty::c_void;
+use aya_ebpf::helpers::generated::bpf_get_ns_current_pid_tgid;
 use aya_ebpf::helpers::{
     bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
 };
@@ -17,6 +19,15 @@ use lookout_ebpf_common::{
 /// space drains it when the fanotify event arrives), and a wakeup costs an
 /// irq_work (an IPI, expensive in a VM) in the exec'ing process.
 const BPF_RB_NO_WAKEUP: u64 = 1;
+
+/// The device and inode number of the pid namespace whose execs are
+/// recorded (the agent's own, which is the node's: the DaemonSet runs with
+/// `hostPID`); set by the loader. The device is the kernel's `dev_t`
+/// (major << 20 | minor), not stat(2)'s encoding. 0/0 records nothing.
+#[unsafe(no_mangle)]
+static HOST_PIDNS_DEV: u64 = 0;
+#[unsafe(no_mangle)]
+static HOST_PIDNS_INO: u64 = 0;
 
 #[map]
 static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(EXEC_EVENTS_BYTES, 0);
@@ -51,6 +62,29 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     // namespace is its mapped, non-zero uid.
     let uid = bpf_get_current_uid_gid() as u32;
     if uid != 0 {
+        return Ok(());
+    }
+    // Nor is root in a container without a user namespace (the Kubernetes
+    // default): uid 0 here as well, but in a pid namespace of its own. Its
+    // records would crowd the runtime's out of the ring (docs/security.md).
+    // Only callers in the node's pid namespace are recorded: the helper
+    // fails for a task whose active pid namespace is any other.
+    //
+    // SAFETY: reads of loader-patched constants, volatile so that the
+    // compiler does not fold them to their initial 0.
+    let (dev, ino) = unsafe {
+        (
+            core::ptr::read_volatile(&HOST_PIDNS_DEV),
+            core::ptr::read_volatile(&HOST_PIDNS_INO),
+        )
+    };
+    let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: the helper writes at most `size` bytes to `ns`, a local of
+    // that size.
+    let in_node_ns = unsafe {
+        bpf_get_ns_current_pid_tgid(dev, ino, &mut ns, core::mem::size_of::<bpf_pidns_info>() as u32)
+    };
+    if in_node_ns != 0 {
         return Ok(());
     }
     // SAFETY: offsets come from the tracepoint format; read_at checks them.

@@ -241,14 +241,44 @@ fn is_self_or_ancestor(pid: u32) -> bool {
 /// The real uid of `pid` (the first `Uid:` field of its status), as the
 /// reader's user namespace sees it.
 pub fn real_uid(pid: u32) -> Option<u32> {
-    let status = read_proc(&format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    caller(pid).map(|c| c.real_uid)
+}
+
+/// Who a process is, as far as deciding whether it may act as the node's
+/// root goes: from one read of its `/proc/<pid>/status`, which any user
+/// may read (unlike `/proc/<pid>/ns/*`, which needs ptrace access).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The real uid (the first `Uid:` field), as the reader's user
+    /// namespace sees it.
+    pub real_uid: u32,
+    /// Whether it runs in a pid namespace below the one this `/proc` was
+    /// mounted for: its `NSpid:` line lists more than one id, as for every
+    /// process of a container that does not share the node's pid
+    /// namespace. (Kernels before 4.1 have no `NSpid:`: `false`.)
+    pub nested_pid_ns: bool,
+}
+
+/// [`Caller`] of `pid`, or `None` if its status cannot be read.
+pub fn caller(pid: u32) -> Option<Caller> {
+    parse_caller(&read_proc(&format!("/proc/{pid}/status"))?)
+}
+
+/// [`Caller`] from the text of a `/proc/<pid>/status` file.
+pub fn parse_caller(status: &str) -> Option<Caller> {
+    let mut real_uid = None;
+    let mut nested_pid_ns = false;
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix("Uid:") {
+            real_uid = v.split_whitespace().next()?.parse().ok();
+        } else if let Some(v) = line.strip_prefix("NSpid:") {
+            nested_pid_ns = v.split_whitespace().count() > 1;
+        }
+    }
+    Some(Caller {
+        real_uid: real_uid?,
+        nested_pid_ns,
+    })
 }
 
 /// Field 22 of the text of a `/proc/<pid>/stat` file.
@@ -311,6 +341,33 @@ mod tests {
         assert_eq!(alive, started);
         // SAFETY: getuid has no preconditions.
         assert_eq!(uid, Some(unsafe { libc::getuid() }));
+    }
+
+    #[test]
+    fn a_caller_in_a_nested_pid_namespace_is_told_apart() {
+        let host = "Name:\tsh\nUid:\t0\t0\t0\t0\nNSpid:\t4242\n";
+        assert_eq!(
+            parse_caller(host),
+            Some(Caller {
+                real_uid: 0,
+                nested_pid_ns: false
+            })
+        );
+        let pod = "Uid:\t0\t0\t0\t0\nNStgid:\t4243\t1\nNSpid:\t4243\t1\n";
+        assert_eq!(parse_caller(pod).map(|c| c.nested_pid_ns), Some(true));
+        // A kernel without NSpid (before 4.1): not nested, as far as known.
+        assert_eq!(
+            parse_caller("Uid:\t1000\t1000\t1000\t1000\n"),
+            Some(Caller {
+                real_uid: 1000,
+                nested_pid_ns: false
+            })
+        );
+        assert_eq!(parse_caller("NSpid:\t1\n"), None, "no uid, no caller");
+        assert_eq!(parse_caller("Uid:\tx\n"), None);
+        // And this process, in the namespace its /proc shows.
+        let me = caller(std::process::id()).expect("own status");
+        assert!(!me.nested_pid_ns);
     }
 
     #[test]

@@ -8,7 +8,8 @@ use aya::programs::TracePoint;
 use lookout_ebpf_common::{
     ARGS_SIZE, EXEC_EVENTS_MAP, EXEC_FILTER_MAP, EXEC_FLAG_TRUNCATED, EXECVE_PROGRAM,
     EXECVEAT_PROGRAM, EXIT_CODES_MAP, EXIT_PROGRAM, ExecEvent, ExecFilterKey, FILENAME_LEN,
-    TASK_EXIT_CODE_OFFSET_GLOBAL, WATCHED_PIDS_MAP, exec_filter_key,
+    HOST_PIDNS_DEV_GLOBAL, HOST_PIDNS_INO_GLOBAL, TASK_EXIT_CODE_OFFSET_GLOBAL, WATCHED_PIDS_MAP,
+    exec_filter_key,
 };
 
 use crate::Error;
@@ -130,8 +131,7 @@ impl ArgvRing {
     }
 
     /// The latest record of thread `tid`, if any (and, for a record older
-    /// than [`CHECK_OLDER_THAN_NS`], if the thread existed when it was
-    /// written).
+    /// than a second, if the thread existed when it was written).
     ///
     /// The whole ring is drained first: a thread's records are all older
     /// than the exec being answered (the thread waits in that exec), and
@@ -236,6 +236,22 @@ fn thread_start_ns(tid: u32) -> Option<u64> {
             .saturating_mul(1_000_000_000 / hz)
             .saturating_sub(suspended),
     )
+}
+
+/// This process's pid namespace as `bpf_get_ns_current_pid_tgid` names it:
+/// the kernel's `dev_t` of the nsfs (major << 20 | minor, where stat(2)
+/// encodes minors above 255 differently) and the namespace's inode number.
+fn own_pid_namespace() -> Result<(u64, u64), Error> {
+    let st = nix::sys::stat::stat("/proc/self/ns/pid").map_err(|e| Error::Bpf {
+        what: "reading this process's pid namespace (/proc/self/ns/pid)".into(),
+        source: Some(Box::new(e)),
+    })?;
+    Ok((kernel_dev(st.st_dev), st.st_ino))
+}
+
+/// stat(2)'s device number as the kernel's internal `dev_t`.
+fn kernel_dev(dev: libc::dev_t) -> u64 {
+    (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
 }
 
 /// The loaded argv-capture programs.
@@ -350,8 +366,13 @@ impl ExecCapture {
         // Exit codes need one kernel struct offset; find it in the running
         // kernel's BTF (0 disables the exit-code program's work).
         let exit_offset = crate::btf::task_exit_code_offset().unwrap_or(0);
+        // Only execs in our own pid namespace are recorded: the node's,
+        // since the agent runs with `hostPID` (docs/security.md).
+        let (pidns_dev, pidns_ino) = own_pid_namespace()?;
         let mut loader = aya::EbpfLoader::new();
         loader.override_global(TASK_EXIT_CODE_OFFSET_GLOBAL, &exit_offset, true);
+        loader.override_global(HOST_PIDNS_DEV_GLOBAL, &pidns_dev, true);
+        loader.override_global(HOST_PIDNS_INO_GLOBAL, &pidns_ino, true);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| bpf_err("loading the BPF object", e))?;
@@ -582,6 +603,19 @@ mod tests {
             start <= now + TICK_SLACK_NS,
             "start {start} after now {now}"
         );
+    }
+
+    #[test]
+    fn device_numbers_are_given_to_bpf_in_the_kernels_encoding() {
+        // stat(2) keeps minors above 255 in high bits; the kernel's dev_t
+        // is major << 20 | minor.
+        assert_eq!(kernel_dev(libc::makedev(0, 4)), 4);
+        assert_eq!(kernel_dev(libc::makedev(0, 300)), 300);
+        assert_eq!(kernel_dev(libc::makedev(8, 1)), (8 << 20) | 1);
+        assert_ne!(libc::makedev(0, 300), 300, "the encodings differ here");
+        let (_, ino) = own_pid_namespace().expect("our own pid namespace");
+        let link = std::fs::read_link("/proc/self/ns/pid").expect("readlink");
+        assert_eq!(link.to_string_lossy(), format!("pid:[{ino}]"));
     }
 
     #[test]

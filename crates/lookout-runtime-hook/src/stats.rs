@@ -21,7 +21,8 @@ pub trait Observer: Send + Sync {
     /// mode); it was reported late.
     fn recovered(&self) {}
     /// A runtime exec was allowed and not followed, for `reason`
-    /// (`non-root`: its caller is not host root).
+    /// (`non-root`: its caller is not host root; `pid-namespace`: root in
+    /// a pid namespace other than the node's, such as a container's).
     fn ignored(&self, reason: &'static str) {
         let _ = reason;
     }

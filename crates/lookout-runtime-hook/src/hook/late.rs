@@ -57,7 +57,9 @@ pub(super) enum Late {
     /// Scan the state directories again (see [`Afterwards`]).
     Reconcile,
     /// A caller other than host root: not a container (see the answerer).
-    Foreign { pid: u32 },
+    /// `reason` is the metric label: `non-root`, or `pid-namespace` for
+    /// root in a pid namespace other than the node's (a container's).
+    Foreign { pid: u32, reason: &'static str },
 }
 
 /// What is known of a runtime exec whose argv could not be read: when has
@@ -209,9 +211,13 @@ impl RuntimeHook {
                 }
                 self.on_argv(pid, &binary, &argv, None, sink)
             }
-            Late::Foreign { pid } => {
-                self.counters.ignored("non-root");
-                tracing::debug!(pid, "runtime exec by a non-root caller: not a container");
+            Late::Foreign { pid, reason } => {
+                self.counters.ignored(reason);
+                tracing::debug!(
+                    pid,
+                    reason,
+                    "runtime exec by a caller other than the node's root: not a container"
+                );
             }
             Late::Reconcile => {
                 if self.unread.is_empty() {
@@ -257,6 +263,19 @@ impl RuntimeHook {
     }
 }
 
+/// Why `caller` is not the node's root (the metric label), or `None` if it
+/// is. Root in a container without a user namespace is uid 0 as well, but
+/// in a pid namespace below the node's; the BPF programs skip it too.
+fn foreign(caller: proc::Caller) -> Option<&'static str> {
+    if caller.real_uid != 0 {
+        Some("non-root")
+    } else if caller.nested_pid_ns {
+        Some("pid-namespace")
+    } else {
+        None
+    }
+}
+
 /// Follows an allowed runtime exec until its own argv is readable (see
 /// [`RuntimeHook::follow_late`]).
 async fn follow_exec(u: Unseen) -> Late {
@@ -268,9 +287,9 @@ async fn follow_exec(u: Unseen) -> Late {
         bpf,
     } = u;
     // Only host root makes rootful containers (see the answerer). The real uid
-    // does not change across the exec.
-    if proc::real_uid(tid).is_some_and(|uid| uid != 0) {
-        return Late::Foreign { pid: tid };
+    // does not change across the exec, nor does the pid namespace ever.
+    if let Some(reason) = proc::caller(tid).and_then(foreign) {
+        return Late::Foreign { pid: tid, reason };
     }
     let deadline = Instant::now() + LATE_ARGV_DEADLINE;
     let mut wait = Duration::from_micros(100);
@@ -288,8 +307,11 @@ async fn follow_exec(u: Unseen) -> Late {
             // Read while the process lived: the argv is its own, not that
             // of a process that reused the pid.
             let alive = pidfd.as_ref().is_none_or(|fd| !pidfd::has_exited(fd));
-            if alive && proc::real_uid(tid) != Some(0) {
-                return Late::Foreign { pid: tid };
+            if alive {
+                let reason = proc::caller(tid).map_or(Some("non-root"), foreign);
+                if let Some(reason) = reason {
+                    return Late::Foreign { pid: tid, reason };
+                }
             }
             if alive {
                 if bpf {
