@@ -580,6 +580,8 @@ pub(crate) struct ConnectionGate {
     me: u32,
     refused: std::sync::atomic::AtomicU64,
     logged: std::sync::Mutex<Option<std::time::Instant>>,
+    /// When a connection that could not be registered was last logged.
+    unregistered_logged: std::sync::Mutex<Option<std::time::Instant>>,
     /// `lookout_api_connections`, `lookout_api_connections_refused_total`.
     metrics: crate::hub::HubMetrics,
 }
@@ -605,6 +607,7 @@ impl ConnectionGate {
             me: nix::unistd::geteuid().as_raw(),
             refused: std::sync::atomic::AtomicU64::new(0),
             logged: std::sync::Mutex::new(None),
+            unregistered_logged: std::sync::Mutex::new(None),
             metrics,
         }
     }
@@ -624,9 +627,18 @@ impl ConnectionGate {
         let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
-                // Its hold, if any, goes back as it drops.
+                // Its hold, if any, goes back as it drops. Logged at most
+                // every 10 s: what fails here (ENOMEM, the epoll watch
+                // limit) fails for every connection until it clears.
                 self.metrics.api_refused("register");
-                tracing::warn!(%e, uid, "consumer API: cannot register a connection; closed");
+                if due(&self.unregistered_logged) {
+                    tracing::warn!(
+                        %e,
+                        uid,
+                        "consumer API: cannot register a connection; closed \
+                         (lookout_api_connections_refused_total{{reason=\"register\"}} counts them)"
+                    );
+                }
                 return None;
             }
         };
@@ -667,9 +679,7 @@ impl ConnectionGate {
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let mut logged = lock(&self.logged);
-        if logged.is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY) {
-            *logged = Some(std::time::Instant::now());
+        if due(&self.logged) {
             tracing::warn!(
                 uid,
                 pid,
@@ -682,6 +692,18 @@ impl ConnectionGate {
             );
         }
         None
+    }
+}
+
+/// Whether a warning last logged at `*last` is due again
+/// ([`REFUSED_LOG_EVERY`]); if so, it is taken as logged now.
+fn due(last: &std::sync::Mutex<Option<std::time::Instant>>) -> bool {
+    let mut last = lock(last);
+    if last.is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY) {
+        *last = Some(std::time::Instant::now());
+        true
+    } else {
+        false
     }
 }
 
@@ -858,13 +880,13 @@ pub fn spawn(
             max_per_uid,
             hub.metrics().clone(),
         ));
-        let incoming =
-            tokio_stream::StreamExt::filter_map(accepted(listener), move |conn| match conn {
-                Ok(stream) => gate
-                    .admit(stream)
-                    .map(|c| Ok(lookout_api::unix::AuthorityFix::new(c))),
-                Err(e) => Some(Err(e)),
-            });
+        let incoming = tokio_stream::StreamExt::filter_map(
+            crate::accept::accepted(listener, "consumer API"),
+            move |stream| {
+                gate.admit(stream)
+                    .map(|c| Ok::<_, std::io::Error>(lookout_api::unix::AuthorityFix::new(c)))
+            },
+        );
         let svc = Service {
             hub,
             auth,
@@ -887,106 +909,9 @@ pub fn spawn(
     Ok(Health(serving))
 }
 
-/// How long the consumer API waits after an `accept` that failed.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
-/// A failed `accept` is logged at most this often.
-const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// Where the consumer API accepts connections from: its socket, or a
-/// test's stand-in.
-trait Acceptor {
-    type Conn;
-    fn accept(&mut self) -> impl Future<Output = std::io::Result<Self::Conn>> + Send;
-}
-
-impl Acceptor for tokio::net::UnixListener {
-    type Conn = tokio::net::UnixStream;
-    async fn accept(&mut self) -> std::io::Result<tokio::net::UnixStream> {
-        tokio::net::UnixListener::accept(self).await.map(|(s, _)| s)
-    }
-}
-
-/// The connections `from` accepts. A failed `accept` is retried after
-/// [`ACCEPT_BACKOFF`], and never reaches tonic.
-///
-/// N.B. tonic's server takes an error from its incoming stream as one
-/// connection lost and asks for the next at once. At the open-file limit
-/// (`EMFILE`) the connection stays queued and the socket stays readable,
-/// so each `accept` fails again at once: the API thread would spin at full
-/// CPU for as long as the descriptors stay short.
-fn accepted<A>(mut from: A) -> impl Stream<Item = std::io::Result<A::Conn>>
-where
-    A: Acceptor,
-{
-    async_stream::stream! {
-        let mut warned: Option<std::time::Instant> = None;
-        loop {
-            match from.accept().await {
-                Ok(conn) => yield Ok(conn),
-                Err(e) => {
-                    if warned.is_none_or(|t| t.elapsed() >= ACCEPT_WARN_EVERY) {
-                        warned = Some(std::time::Instant::now());
-                        tracing::warn!(
-                            %e,
-                            "consumer API: cannot accept a connection; trying again every {} ms",
-                            ACCEPT_BACKOFF.as_millis()
-                        );
-                    }
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Fails its first `failures` accepts with `EMFILE`, as a socket does
-    /// while the process is at its open-file limit, then accepts `42`.
-    struct Exhausted {
-        failures: usize,
-        calls: Arc<std::sync::atomic::AtomicUsize>,
-    }
-
-    impl Acceptor for Exhausted {
-        type Conn = u32;
-        async fn accept(&mut self) -> std::io::Result<u32> {
-            let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            if n < self.failures {
-                Err(std::io::Error::from_raw_os_error(libc::EMFILE))
-            } else {
-                Ok(42)
-            }
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_failing_accept_backs_off_instead_of_spinning() {
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let stream = accepted(Exhausted {
-            failures: 4,
-            calls: Arc::clone(&calls),
-        });
-        let mut stream = std::pin::pin!(stream);
-        let started = std::time::Instant::now();
-        // Nothing comes out while accepts fail, and they are not retried
-        // at once: after 120 ms, at most three tries (0, 50 and 100 ms).
-        let early = tokio::time::timeout(
-            Duration::from_millis(120),
-            futures::StreamExt::next(&mut stream),
-        )
-        .await;
-        assert!(early.is_err(), "an error reached the stream: {early:?}");
-        let tried = calls.load(std::sync::atomic::Ordering::SeqCst);
-        assert!((1..=3).contains(&tried), "{tried} accepts in 120 ms");
-        let conn = futures::StreamExt::next(&mut stream).await;
-        assert_eq!(conn.map(|c| c.ok()), Some(Some(42)));
-        assert!(started.elapsed() >= 4 * ACCEPT_BACKOFF);
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 5);
-    }
 
     #[test]
     fn a_filter_too_large_to_match_cheaply_is_refused() {

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod accept;
 mod cli;
 mod docker;
 mod embed;

@@ -582,16 +582,8 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<Endpoints>) {
         .route("/metrics", get(self::metrics))
         .with_state(shared);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(%e, "accepting an HTTP connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    let mut incoming = std::pin::pin!(crate::accept::accepted(listener, "HTTP endpoint"));
+    while let Some(stream) = tokio_stream::StreamExt::next(&mut incoming).await {
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             metrics.http_refused.inc();
             drop(stream);
