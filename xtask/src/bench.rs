@@ -322,6 +322,10 @@ struct Floor {
 }
 
 impl Floor {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `bin` on `marked` and waits for its `ready` line (its log in
     /// `dir/floor.err`).
     fn start(bin: &Path, marked: &[&Path], dir: &Path) -> anyhow::Result<Floor> {
@@ -631,6 +635,29 @@ const PARTS: &[Part] = &[
         print: print_agent,
     },
     Part {
+        name: "exec",
+        about: "exec overhead alone, and where the agent's share goes",
+        // N.B. The agent part runs it already.
+        in_full_run: false,
+        needs: Needs::AgentAndFloor,
+        run: |opts, paths| {
+            fresh_dir(&paths.work)?;
+            let x = exec_overhead(opts, paths, &paths.lookout)?;
+            Ok(entries([("exec_us", x)]))
+        },
+        print: |report| {
+            let x = &report["exec_us"];
+            for key in ["none", "floor", "lookout"] {
+                println!(
+                    "exec, {key}: p50 {:.1} us, p99 {:.1} us",
+                    x[key]["p50"].as_f64().unwrap_or(f64::NAN),
+                    x[key]["p99"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+            print_exec_split(x);
+        },
+    },
+    Part {
         name: "consumers",
         about: "gate subscribers and watchers alone (issue #12)",
         // N.B. The agent part runs it already.
@@ -935,6 +962,8 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
         }
     }
     let (mut none, mut floor, mut agent_t) = (Vec::new(), Vec::new(), Vec::new());
+    let answer_cpu_ns = thread_cpu_ns(a.pid(), "lookout-answer");
+    let floor_cpu_ns = thread_cpu_ns(f.pid(), "");
     // A new random order every iteration (see `shuffle`).
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..opts.rounds * opts.execs {
@@ -948,15 +977,91 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
             }
         }
     }
-    a.stop();
+    let answer_cpu_ns =
+        answer_cpu_ns.and_then(|before| Some(thread_cpu_ns(a.pid(), "lookout-answer")? - before));
+    let floor_cpu_ns = floor_cpu_ns.and_then(|before| Some(thread_cpu_ns(f.pid(), "")? - before));
+    let n = agent_t.len().max(1) as f64;
     drop(f);
+    // Where the agent's share goes, off the timed loop: its BPF programs
+    // in the exec'ing process (kernel statistics, on only for this), and
+    // the answering thread's CPU above.
+    let bpf = bpf_cost_per_exec(a.pid(), &fake, &none_noop, opts.execs.max(200) * 10);
+    a.stop();
     let med = |v: &[f64]| pct(&mut v.to_vec(), 0.5);
     Ok(json!({
         "none": stats(&none), "floor": stats(&floor), "lookout": stats(&agent_t),
         "overhead_floor_p50_us": med(&floor) - med(&none),
         "overhead_lookout_p50_us": med(&agent_t) - med(&none),
         "lookout_vs_floor_total_p50": med(&agent_t) / med(&floor),
+        "answer_thread_cpu_us_per_exec": answer_cpu_ns.map(|ns| ns as f64 / n / 1e3),
+        "floor_cpu_us_per_exec": floor_cpu_ns.map(|ns| ns as f64 / floor.len().max(1) as f64 / 1e3),
+        "bpf": bpf,
     }))
+}
+
+/// CPU time (ns) that thread `name` of process `pid` (its main thread for
+/// "") has used, from its `schedstat` (on-CPU ns, not clock ticks).
+fn thread_cpu_ns(pid: u32, name: &str) -> Option<u64> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let main = task.file_name().to_str() == Some(pid.to_string().as_str());
+        if (name.is_empty() && main) || (!name.is_empty() && comm.trim() == name) {
+            let sched = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            return sched.split_whitespace().next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Run time (ns) and runs of the tracepoint programs agent `pid` holds,
+/// summed, from `/proc/<pid>/fdinfo` (kernel.bpf_stats_enabled must be on).
+fn bpf_prog_stats(pid: u32) -> (u64, u64) {
+    let mut total = (0, 0);
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return total;
+    };
+    for fd in fds.flatten() {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        // 5: BPF_PROG_TYPE_TRACEPOINT.
+        if field("prog_type:") == Some(5) {
+            total.0 += field("run_time_ns:").unwrap_or(0);
+            total.1 += field("run_cnt:").unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// The agent's BPF programs' kernel time per exec (ns): `n` execs of
+/// `watched` (a runtime's name: the argv is captured) and `n` of `other`
+/// (any other exec on the node: the programs leave early), each with its
+/// exit. Statistics are switched on for this only and set back after.
+/// `null` when the kernel keeps none.
+fn bpf_cost_per_exec(pid: u32, watched: &Path, other: &Path, n: usize) -> Value {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let Ok(was) = std::fs::read_to_string(KNOB) else {
+        return Value::Null;
+    };
+    if std::fs::write(KNOB, "1").is_err() {
+        return Value::Null;
+    }
+    let per_exec = |bin: &Path| {
+        let (t0, _) = bpf_prog_stats(pid);
+        let _ = exec_times(bin, n);
+        let (t1, _) = bpf_prog_stats(pid);
+        t1.saturating_sub(t0) as f64 / n as f64
+    };
+    let watched_ns = per_exec(watched);
+    let other_ns = per_exec(other);
+    let _ = std::fs::write(KNOB, was.trim());
+    json!({ "execs": n, "watched_ns": watched_ns, "other_ns": other_ns })
 }
 
 /// Starts of each agent in the start-up measurement.
@@ -1393,6 +1498,22 @@ fn inode_map_part(opts: &Options, paths: &Paths) -> anyhow::Result<Report> {
     Ok(entries([("inode_map", v)]))
 }
 
+/// The exec overhead over no listener, and where the agent's share goes.
+fn print_exec_split(x: &Value) {
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "exec overhead over no listener (p50): floor {:.1} us, lookout {:.1} us; of lookout's: \
+         its BPF programs {:.2} us per watched exec ({:.2} us on every other exec), \
+         its answering thread's CPU {:.2} us per exec (the allow-all responder's: {:.2} us)",
+        g(x, "overhead_floor_p50_us"),
+        g(x, "overhead_lookout_p50_us"),
+        g(&x["bpf"], "watched_ns") / 1e3,
+        g(&x["bpf"], "other_ns") / 1e3,
+        g(x, "answer_thread_cpu_us_per_exec"),
+        g(x, "floor_cpu_us_per_exec"),
+    );
+}
+
 /// Prints the `agent` part's table and lines, then the consumers'.
 fn print_agent(report: &Value) {
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
@@ -1448,11 +1569,7 @@ fn print_agent(report: &Value) {
             .collect();
         println!("start-up phases, p50 (ms): {}", line.join(", "));
     }
-    println!(
-        "exec overhead over no listener (p50): floor {:.0} us, lookout {:.0} us",
-        g(x, "overhead_floor_p50_us"),
-        g(x, "overhead_lookout_p50_us")
-    );
+    print_exec_split(x);
     let i = &report["idle_5s"];
     println!(
         "idle 5 s: {} CPU ticks, {} wakeups, RSS {} kB (anonymous {} kB, file {} kB)",
@@ -1517,7 +1634,7 @@ mod tests {
         Cli::command().debug_assert();
         let names: Vec<&str> = PARTS.iter().map(|p| p.name).collect();
         // The names docs/benchmarks.md uses; they must not change.
-        assert_eq!(names, ["agent", "consumers", "nri", "inode-map"]);
+        assert_eq!(names, ["agent", "exec", "consumers", "nri", "inode-map"]);
         for name in names {
             let parsed = only(name).expect("a part's name parses");
             let parts = selected(parsed.as_deref()).expect("a part's name selects it");
