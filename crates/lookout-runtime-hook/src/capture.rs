@@ -239,8 +239,9 @@ fn thread_start_ns(tid: u32) -> Option<u64> {
 }
 
 /// This process's pid namespace as `bpf_get_ns_current_pid_tgid` names it:
-/// the kernel's `dev_t` of the nsfs (major << 20 | minor, where stat(2)
-/// encodes minors above 255 differently) and the namespace's inode number.
+/// the kernel's `dev_t` of the nsfs (major << 20 | minor; stat(2) encodes
+/// it the same way only for a major of 0 and a minor below 256) and the
+/// namespace's inode number.
 fn own_pid_namespace() -> Result<(u64, u64), Error> {
     let st = nix::sys::stat::stat("/proc/self/ns/pid").map_err(|e| Error::Bpf {
         what: "reading this process's pid namespace (/proc/self/ns/pid)".into(),

@@ -63,6 +63,24 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// Whether the process behind `pidfd` has not been reaped yet (a zombie
+/// counts): until it is, its pid names it and no other process, so what
+/// `/proc/<pid>` said before this returned `true` was its own.
+pub fn not_reaped(pidfd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal takes an fd, a signal (0: only the checks),
+    // a null siginfo and flags; the fd is open for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    rc == 0
+}
+
 /// A process held by a pidfd: a signal sent through it reaches the
 /// process it was opened for, or nobody, never one that reused its pid.
 /// Open it while the pid is known to be right (when it was reported).
@@ -114,6 +132,7 @@ mod tests {
             .expect("run sleep");
         let fd = super::pidfd_open(child.id()).expect("pidfd_open");
         assert!(!super::has_exited(&fd), "alive");
+        assert!(super::not_reaped(&fd), "alive");
         child.kill().expect("kill");
         // kill(2) returns before the child has died: a zombie soon.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -121,9 +140,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(super::has_exited(&fd), "a zombie has exited");
+        // A zombie still holds its pid: /proc/<pid> is still its own.
+        assert!(super::not_reaped(&fd), "a zombie is not reaped");
         child.wait().expect("reap");
         // The pidfd names the process it was opened for, not its pid: once
         // reaped, it stays exited whatever reuses the number.
         assert!(super::has_exited(&fd), "reaped: still exited");
+        assert!(!super::not_reaped(&fd), "reaped");
     }
 }

@@ -263,6 +263,14 @@ impl RuntimeHook {
     }
 }
 
+/// Who exec'd as `tid`, from `/proc/<tid>/status`, if it could be read and
+/// (with a pidfd taken during the exec) the pid still named that process
+/// after the read.
+fn caller_of(tid: u32, pidfd: Option<&std::os::fd::OwnedFd>) -> Option<proc::Caller> {
+    let caller = proc::caller(tid)?;
+    pidfd.is_none_or(pidfd::not_reaped).then_some(caller)
+}
+
 /// Why `caller` is not the node's root (the metric label), or `None` if it
 /// is. Root in a container without a user namespace is uid 0 as well, but
 /// in a pid namespace below the node's; the BPF programs skip it too.
@@ -287,8 +295,9 @@ async fn follow_exec(u: Unseen) -> Late {
         bpf,
     } = u;
     // Only host root makes rootful containers (see the answerer). The real uid
-    // does not change across the exec, nor does the pid namespace ever.
-    if let Some(reason) = proc::caller(tid).and_then(foreign) {
+    // does not change across the exec, nor does the pid namespace ever. (A
+    // caller already gone is found gone below, and reconciled.)
+    if let Some(reason) = caller_of(tid, pidfd.as_ref()).and_then(foreign) {
         return Late::Foreign { pid: tid, reason };
     }
     let deadline = Instant::now() + LATE_ARGV_DEADLINE;
@@ -307,13 +316,18 @@ async fn follow_exec(u: Unseen) -> Late {
             // Read while the process lived: the argv is its own, not that
             // of a process that reused the pid.
             let alive = pidfd.as_ref().is_none_or(|fd| !pidfd::has_exited(fd));
-            if alive {
-                let reason = proc::caller(tid).map_or(Some("non-root"), foreign);
-                if let Some(reason) = reason {
-                    return Late::Foreign { pid: tid, reason };
-                }
+            // Who ran it, read while the pid still names it. A caller gone
+            // meanwhile is not taken for root: it is found gone below and
+            // the state directories are reconciled.
+            let caller = if alive {
+                caller_of(tid, pidfd.as_ref())
+            } else {
+                None
+            };
+            if let Some(reason) = caller.and_then(foreign) {
+                return Late::Foreign { pid: tid, reason };
             }
-            if alive {
+            if caller.is_some() {
                 if bpf {
                     tracing::warn!(
                         pid = tid,
