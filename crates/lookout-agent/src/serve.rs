@@ -109,6 +109,7 @@ pub struct Metrics {
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
     oldest_unanswered: Gauge<f64, std::sync::atomic::AtomicU64>,
+    argv_waiting: Gauge,
     k8s_events_dropped: Counter,
     docker_lookups: Family<OutcomeLabels, Counter>,
     hub: crate::hub::HubMetrics,
@@ -266,6 +267,13 @@ impl Metrics {
                 "Age of the oldest runtime exec (create, run, start) waiting for lookout's answer, \
              0 when none waits; a start held for prestart hooks counts",
                 Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+            ),
+            argv_waiting: register(
+                r,
+                "argv_records_waiting",
+                "BPF argv records waiting for their exec's permission event (a few normally; \
+             hundreds that stay: execs of a watched name that never reach a marked binary)",
+                Gauge::default(),
             ),
             k8s_events_dropped: register(
                 r,
@@ -474,6 +482,9 @@ async fn metrics(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
         s.metrics
             .oldest_unanswered
             .set(h.oldest_unanswered().unwrap_or_default().as_secs_f64());
+        s.metrics
+            .argv_waiting
+            .set(i64::try_from(h.argv_records_waiting()).unwrap_or(i64::MAX));
     }
     (
         [(

@@ -628,6 +628,11 @@ fn a_root_exec_flood_from_a_container_pid_namespace_hides_no_container() {
         Some(0.0),
         "{page}"
     );
+    // Nor did the flood's records wait in the table (the gauge counts
+    // other tests' root runc execs too, which this agent never sees the
+    // permission event of: far fewer than the flood's thousands).
+    let waiting = metric(&page, "lookout_argv_records_waiting").expect("the gauge");
+    assert!(waiting < 1000.0, "{waiting} argv records waiting");
 
     // Root of that namespace runs the watched runtime itself: no record
     // (the programs skip it), and the late path takes it for what it is.

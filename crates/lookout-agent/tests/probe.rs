@@ -399,6 +399,45 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
         .filter(|pid| ring.take(*pid).is_none())
         .collect();
     assert!(lost.is_empty(), "records lost from the ring: {lost:?}");
+    assert_eq!(ring.waiting(), 0, "every record was taken");
+
+    // Run by name, through a PATH search: execvp tries each directory in
+    // turn, and each try is an exec the programs record, by the same
+    // thread. The last try is the exec that happened; the others must not
+    // stay behind (one orphan per directory per exec, before 0d0fdcd).
+    let mut path: Vec<std::path::PathBuf> = (0..8)
+        .map(|i| dir.path().join(format!("empty{i}")))
+        .collect();
+    for d in &path {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    path.push(dir.path().to_path_buf());
+    let path = std::env::join_paths(&path).expect("PATH");
+    for _ in 0..5 {
+        let mut child = Command::new(&name)
+            .env("PATH", &path)
+            .arg("by-name")
+            .spawn()
+            .expect("run by name");
+        let pid = child.id();
+        assert!(child.wait().expect("wait").success());
+        let mut record = None;
+        lookout_testsupport::wait_until(
+            std::time::Duration::from_secs(10),
+            || {
+                record = ring.take(pid);
+                record.is_some()
+            },
+            || format!("no argv record of pid {pid} ({name}, by name) in 10 s"),
+        );
+        let record = record.expect("waited for");
+        assert_eq!(record.filename, exe.to_string_lossy(), "{record:?}");
+        assert_eq!(
+            ring.waiting(),
+            0,
+            "the PATH search's other tries stayed behind"
+        );
+    }
 
     // Root in a pid namespace of its own (a container's, without a user
     // namespace) is uid 0 too, and is not recorded: only the node's pid

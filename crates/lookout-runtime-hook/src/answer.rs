@@ -272,6 +272,11 @@ impl Worker {
                 record = ring.take(tid);
             }
         }
+        if let Some(ring) = &self.ring {
+            self.counters
+                .argv_waiting
+                .store(ring.waiting() as u64, Ordering::Relaxed);
+        }
         let Some(r) = record else {
             self.without_argv(tid, perm, since);
             return;

@@ -114,6 +114,12 @@ impl std::fmt::Debug for ArgvRing {
 }
 
 impl ArgvRing {
+    /// Records taken from the ring that wait for their exec's permission
+    /// event (see [`ArgvRing::take`]).
+    pub fn waiting(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Moves every record from the ring buffer into the pending table.
     pub fn drain(&mut self) {
         self.drain_at(lookout_model::monotonic_ns());

@@ -153,6 +153,16 @@ impl Health {
         self.counters.outstanding.oldest()
     }
 
+    /// BPF argv records that wait for their exec's permission event, as
+    /// the permission thread last left them (0 without BPF). A few at a
+    /// time are normal; a count that stays in the hundreds means execs of
+    /// a watched name by host root that never reach a marked binary (a
+    /// copy of the runtime elsewhere), swept after 30 s and bounded at
+    /// 4096.
+    pub fn argv_records_waiting(&self) -> u64 {
+        self.counters.argv_waiting.load(Ordering::Relaxed)
+    }
+
     /// How long the permission thread has been handling its current batch
     /// of events; `None` while it waits for events. It answers most events
     /// in microseconds: a large value means it is stuck.
@@ -183,6 +193,9 @@ pub(crate) struct Counters {
     /// When the permission thread started its current batch (a
     /// [`stamp`]); 0 while it waits in `poll`.
     pub(crate) busy_since: AtomicU64,
+    /// BPF argv records waiting for their exec's permission event, as the
+    /// permission thread last left them.
+    pub(crate) argv_waiting: AtomicU64,
     errors: AtomicU64,
     slowest_us: AtomicU64,
 }
@@ -199,6 +212,7 @@ impl Counters {
             ignored: AtomicU64::new(0),
             outstanding: Arc::new(Outstanding::new(Instant::now())),
             busy_since: AtomicU64::new(0),
+            argv_waiting: AtomicU64::new(0),
             unseen_dropped: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
