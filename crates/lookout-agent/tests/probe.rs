@@ -320,17 +320,7 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
     // its thread id is the child's pid.
     let pid = child.id();
     assert!(child.wait().expect("wait").success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let record = loop {
-        if let Some(r) = ring.take(pid) {
-            break r;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no argv record of pid {pid} ({name}) in 10 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let record = wait_record(&mut ring, pid, &name);
     let mut want = vec![exe.to_string_lossy().into_owned()];
     want.extend(args.iter().map(|a| {
         if a.len() > 255 {
@@ -356,16 +346,7 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
         assert!(child.wait().expect("wait").success());
     }
     for (i, (pid, argv)) in pids.into_iter().enumerate() {
-        let mut record = None;
-        lookout_testsupport::wait_until(
-            std::time::Duration::from_secs(10),
-            || {
-                record = ring.take(pid);
-                record.is_some()
-            },
-            || format!("no argv record of pid {pid} ({name}) in 10 s"),
-        );
-        let record = record.expect("waited for");
+        let record = wait_record(&mut ring, pid, &name);
         assert_eq!(record.argv[0], exe.to_string_lossy());
         if i == 0 {
             // 4096 bytes of arguments hold the path and 27 of these.
@@ -421,16 +402,7 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
             .expect("run by name");
         let pid = child.id();
         assert!(child.wait().expect("wait").success());
-        let mut record = None;
-        lookout_testsupport::wait_until(
-            std::time::Duration::from_secs(10),
-            || {
-                record = ring.take(pid);
-                record.is_some()
-            },
-            || format!("no argv record of pid {pid} ({name}, by name) in 10 s"),
-        );
-        let record = record.expect("waited for");
+        let record = wait_record(&mut ring, pid, &name);
         assert_eq!(record.filename, exe.to_string_lossy(), "{record:?}");
         assert_eq!(
             ring.waiting(),
@@ -477,4 +449,22 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
         None,
         "an exec in another pid namespace was recorded"
     );
+}
+
+/// The record of `pid` (an exec of `name`), waited for up to 10 s.
+fn wait_record(
+    ring: &mut lookout_runtime_hook::ArgvRing,
+    pid: u32,
+    name: &str,
+) -> lookout_runtime_hook::ExecRecord {
+    let mut record = None;
+    lookout_testsupport::wait_until(
+        std::time::Duration::from_secs(10),
+        || {
+            record = ring.take(pid);
+            record.is_some()
+        },
+        || format!("no argv record of pid {pid} ({name}) in 10 s"),
+    );
+    record.expect("waited for")
 }
