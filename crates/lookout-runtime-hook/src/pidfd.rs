@@ -78,7 +78,10 @@ pub fn not_reaped(pidfd: &OwnedFd) -> bool {
             0,
         )
     };
-    rc == 0
+    // N.B. EPERM (another uid's process, and no CAP_KILL) comes from the
+    // permission check, which the kernel makes only on a task it found:
+    // the process is there. A reaped one gives ESRCH.
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A process held by a pidfd: a signal sent through it reaches the
@@ -123,6 +126,88 @@ pub fn kill(pid: u32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
+
+    /// Runs `f` on a thread whose effective capabilities lack CAP_KILL
+    /// (capabilities are per thread), as an agent deployed without it.
+    fn without_cap_kill<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Default, Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const CAP_KILL: u32 = 5;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut header = Header {
+                    version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+                    pid: 0,
+                };
+                let mut data = [Data::default(); 2];
+                // SAFETY: capget/capset on this thread with a version-3
+                // header and the two data words that version takes.
+                unsafe {
+                    assert_eq!(
+                        libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()),
+                        0
+                    );
+                    data[0].effective &= !(1 << CAP_KILL);
+                    assert_eq!(libc::syscall(libc::SYS_capset, &header, data.as_ptr()), 0);
+                }
+                f()
+            })
+            .join()
+            .expect("the thread without CAP_KILL")
+        })
+    }
+
+    #[test]
+    fn another_uids_process_is_not_reaped_even_to_a_caller_without_cap_kill() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "SKIPPED another_uids_process_is_not_reaped_even_to_a_caller_without_cap_kill: \
+                 needs root, to run a process as another uid"
+            );
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .expect("run sleep as nobody");
+        let fd = super::pidfd_open(child.id()).expect("pidfd_open");
+        let (refused, alive) = without_cap_kill(|| {
+            // SAFETY: as in `not_reaped`.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    super::AsRawFd::as_raw_fd(&fd),
+                    0,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            ((rc, errno), super::not_reaped(&fd))
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(refused, (-1, Some(libc::EPERM)), "signal 0 was not refused");
+        assert!(alive, "a live process refused a signal: it is there");
+        assert!(
+            !without_cap_kill(|| super::not_reaped(&fd)),
+            "reaped: ESRCH, whatever the permissions"
+        );
+    }
 
     #[test]
     fn a_live_process_has_not_exited_a_zombie_and_a_reaped_one_have() {
