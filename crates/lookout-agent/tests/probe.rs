@@ -402,7 +402,7 @@ fn bpf_argv_capture_keeps_empty_and_long_arguments_in_place() {
             .expect("run by name");
         let pid = child.id();
         assert!(child.wait().expect("wait").success());
-        let record = wait_record(&mut ring, pid, &name);
+        let record = wait_record(&mut ring, pid, &format!("{name}, by name"));
         assert_eq!(record.filename, exe.to_string_lossy(), "{record:?}");
         assert_eq!(
             ring.waiting(),

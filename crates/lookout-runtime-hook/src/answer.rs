@@ -253,6 +253,7 @@ impl Worker {
         let since = Instant::now();
         let tid = ev.pid().max(0) as u32;
         let mut record = self.ring.as_mut().and_then(|r| r.take(tid));
+        self.note_waiting();
         // runc re-executing itself (`runc init`, once per container) has no
         // record by design: answer it at once, with one readlink.
         if record.is_none() && self.marked.is_reexec(tid) {
@@ -272,11 +273,7 @@ impl Worker {
                 record = ring.take(tid);
             }
         }
-        if let Some(ring) = &self.ring {
-            self.counters
-                .argv_waiting
-                .store(ring.waiting() as u64, Ordering::Relaxed);
-        }
+        self.note_waiting();
         let Some(r) = record else {
             self.without_argv(tid, perm, since);
             return;
@@ -337,6 +334,15 @@ impl Worker {
                 self.counters.error("argv");
                 tracing::warn!(%e, argv = ?r.argv, "cannot parse runtime command line; allowed it");
             }
+        }
+    }
+
+    /// Leaves the argv table's size for `lookout_argv_records_waiting`.
+    fn note_waiting(&self) {
+        if let Some(ring) = &self.ring {
+            self.counters
+                .argv_waiting
+                .store(ring.waiting() as u64, Ordering::Relaxed);
         }
     }
 

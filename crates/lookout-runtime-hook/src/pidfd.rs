@@ -65,7 +65,10 @@ pub fn has_exited(pidfd: &OwnedFd) -> bool {
 
 /// Whether the process behind `pidfd` has not been reaped yet (a zombie
 /// counts): until it is, its pid names it and no other process, so what
-/// `/proc/<pid>` said before this returned `true` was its own.
+/// `/proc/<pid>` said before this returned `true` was its own. Only `ESRCH`
+/// says it was reaped; a refusal that cannot tell (a seccomp filter, a
+/// kernel without the call) counts as there, which trusts the read as the
+/// follower did before it had this check.
 pub fn not_reaped(pidfd: &OwnedFd) -> bool {
     // SAFETY: pidfd_send_signal takes an fd, a signal (0: only the checks),
     // a null siginfo and flags; the fd is open for the duration of the call.
@@ -78,10 +81,10 @@ pub fn not_reaped(pidfd: &OwnedFd) -> bool {
             0,
         )
     };
-    // N.B. EPERM (another uid's process, and no CAP_KILL) comes from the
-    // permission check, which the kernel makes only on a task it found:
-    // the process is there. A reaped one gives ESRCH.
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    // N.B. EPERM (another uid's process, and no CAP_KILL) and EACCES (an
+    // LSM) come from permission checks, which the kernel makes only on a
+    // task it found: the process is there. A reaped one gives ESRCH.
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// A process held by a pidfd: a signal sent through it reaches the
