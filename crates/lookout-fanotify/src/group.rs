@@ -228,14 +228,22 @@ impl Fanotify {
         Ok(out.len() - before)
     }
 
-    /// Reads events and answers every permission event with "allow" at once.
-    /// Handy for draining a group that is about to close.
+    /// Reads what is queued and answers every permission event with
+    /// "allow" at once. Handy for draining a group that is about to close.
+    /// Returns when nothing is queued, on a blocking group too.
     pub fn drain(&self) -> Result<usize, Error> {
         let mut buf = vec![0u8; MIN_READ_BUFFER];
         let mut out = Vec::new();
         let mut total = 0;
         loop {
             out.clear();
+            // N.B. a blocking group's read would wait for the next event:
+            // read only what is there (one reader, so it stays there).
+            if !self.nonblocking
+                && !sys::readable_now(self.fd.as_fd()).map_err(|source| Error::Read { source })?
+            {
+                return Ok(total);
+            }
             let n = self.read_events(&mut buf, &mut out)?;
             if n == 0 {
                 return Ok(total);

@@ -47,6 +47,22 @@ pub(crate) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// `poll(2)` on `fd` for input with a zero timeout: whether a `read`
+/// would return at once.
+pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd that lives across the call.
+    let n = unsafe { libc::poll(&raw mut p, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n > 0 && p.revents & libc::POLLIN != 0)
+}
+
 /// Writes one `struct fanotify_response` to the group fd.
 pub(crate) fn write_response(
     group: BorrowedFd<'_>,

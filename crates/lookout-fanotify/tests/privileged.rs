@@ -259,3 +259,40 @@ fn mark_errors_name_the_path_and_errno() {
     assert_eq!(err.errno(), Some(libc::ENOENT));
     assert!(err.to_string().contains("/definitely/not/here"), "{err}");
 }
+
+#[test]
+fn drain_returns_on_a_blocking_group_once_the_queue_is_empty() {
+    if !require_root("drain_returns_on_a_blocking_group_once_the_queue_is_empty") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = binary(dir.path());
+    let group = Fanotify::builder()
+        .class(Class::Content)
+        .report(Report::TID)
+        .nonblock(false)
+        .init()
+        .expect("fanotify_init as root");
+    assert!(!group.is_nonblocking());
+    group
+        .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
+        .expect("mark");
+    // One exec held by the group: drain must answer it (allow) and then
+    // return instead of waiting in read(2) for an event that never comes.
+    let exec = exec_in_thread(&bin);
+    next_event_peek(&group);
+    // On another thread, so that a drain stuck in read(2) fails the test
+    // instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = group.share();
+    std::thread::spawn(move || {
+        let first = reader.drain().expect("drain");
+        let second = reader.drain().expect("drain an empty group");
+        let _ = tx.send((first, second));
+    });
+    let drained = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("drain on a blocking group still waiting after 5 s");
+    assert_eq!(drained, (1, 0));
+    assert!(exec.join().expect("join").expect("exec").success());
+}

@@ -5,8 +5,8 @@
 //! Most runtime execs (`state`, `kill`, `exec`, `delete`, `runc init`, the
 //! kubelet's probes through `runc exec`) need nothing from the container
 //! state machine: the answerer pairs the event with its BPF argv record, parses
-//! it and allows it on the spot, with a blocking `poll` + `read` like the
-//! smallest possible responder. Only `create`, `run` and `start` go to the
+//! it and allows it on the spot, with a blocking `read` like the smallest
+//! possible responder. Only `create`, `run` and `start` go to the
 //! hook's task, which answers them after it has done what must precede the
 //! exec (reading config.json; reporting `Added` before `start`).
 //!
@@ -14,16 +14,25 @@
 //! also runs the state machine; the reactor's epoll round trip, its timer
 //! bookkeeping and the work after each answer cost every runtime exec
 //! 10-20 us more than a blocking responder on these 2-CPU machines.
+//!
+//! N.B. the thread blocks in `read(2)` on the group, with no `poll` before
+//! it: the extra system call and wake-up cost each exec 1.4 us of latency
+//! and 1.7 us of CPU here (docs/benchmarks.md, thirteenth pass). To stop
+//! it, a private memfd is marked `FAN_MODIFY` in the same group and written
+//! to: the event ends the read. Where that cannot be set up (proved once at
+//! spawn), the thread polls the group and an eventfd, as before.
 
 use std::collections::HashSet;
-use std::os::fd::AsFd;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lookout_fanotify::{Event, Fanotify, MIN_READ_BUFFER, Permission};
+use lookout_fanotify::{Event, Fanotify, MIN_READ_BUFFER, MarkFlags, Mask, Permission};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::mpsc;
@@ -133,14 +142,27 @@ impl Marked {
 /// The running answering thread. Dropping it stops the thread, which answers
 /// everything still queued before it exits.
 pub(crate) struct Answerer {
-    stop: Arc<EventFd>,
+    stopping: Arc<AtomicBool>,
+    wake: Wake,
+    /// Another handle on the group, to take the marks away should the
+    /// thread not wake.
+    group: Fanotify,
     thread: Option<JoinHandle<()>>,
 }
 
+/// How [`Answerer::stop`] wakes the thread.
+enum Wake {
+    /// The thread blocks in `read`; a write to this file (a memfd marked
+    /// `FAN_MODIFY` in the group) queues an event that ends the read.
+    Event(File),
+    /// The thread polls the group and this eventfd.
+    Poll(Arc<EventFd>),
+}
+
 impl Answerer {
-    /// Starts the thread on `group` (a non-blocking handle). `shared`:
-    /// how many init pids tracked containers share (`delete`s are handed
-    /// over only while that is not 0).
+    /// Starts the thread on `group`, a blocking handle with no marks yet.
+    /// `shared`: how many init pids tracked containers share (`delete`s
+    /// are handed over only while that is not 0).
     pub fn spawn(
         group: Fanotify,
         ring: Option<ArgvRing>,
@@ -149,10 +171,36 @@ impl Answerer {
         shared: Arc<AtomicUsize>,
         tx: mpsc::Sender<Exec>,
     ) -> std::io::Result<Answerer> {
-        let stop = Arc::new(EventFd::from_flags(
-            EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
-        )?);
-        let thread_stop = Arc::clone(&stop);
+        let wake = wake_file(&group);
+        Self::spawn_with(group, wake, ring, counters, marked, shared, tx)
+    }
+
+    /// [`Answerer::spawn`] with the wake-up file made (or not) already.
+    fn spawn_with(
+        group: Fanotify,
+        wake: std::io::Result<File>,
+        ring: Option<ArgvRing>,
+        counters: Arc<Counters>,
+        marked: Arc<Marked>,
+        shared: Arc<AtomicUsize>,
+        tx: mpsc::Sender<Exec>,
+    ) -> std::io::Result<Answerer> {
+        let (wake, poll) = match wake {
+            Ok(file) => (Wake::Event(file), None),
+            Err(e) => {
+                tracing::info!(
+                    error = %e,
+                    "the answering thread polls its group (no wake-up event: {e})"
+                );
+                let efd = Arc::new(EventFd::from_flags(
+                    EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+                )?);
+                (Wake::Poll(Arc::clone(&efd)), Some(efd))
+            }
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let thread_stopping = Arc::clone(&stopping);
+        let handle = group.share();
         let thread = std::thread::Builder::new()
             .name("lookout-answer".into())
             .spawn(move || {
@@ -164,20 +212,41 @@ impl Answerer {
                     shared,
                     tx,
                 };
-                worker.run(&thread_stop);
+                worker.run(&thread_stopping, poll.as_deref());
             })?;
         Ok(Answerer {
-            stop,
+            stopping,
+            wake,
+            group: handle,
             thread: Some(thread),
         })
     }
 
+    /// Whether the thread blocks in `read` (not `poll`), for tests.
+    #[cfg(test)]
+    fn blocks_in_read(&self) -> bool {
+        matches!(self.wake, Wake::Event(_))
+    }
+
     /// Stops the thread and waits for it.
     pub fn stop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.stopping.store(true, Ordering::Release);
+        let woken = match &self.wake {
+            Wake::Event(file) => file.write_all_at(b"x", 0),
+            Wake::Poll(efd) => efd.write(1).map(drop).map_err(std::io::Error::from),
+        };
+        if let Err(e) = woken {
+            // Not seen: the thread goes on answering what it reads. Take
+            // the marks away so that no runtime exec waits on a group
+            // about to be left, and let the thread be.
+            tracing::error!(%e, "cannot wake the answering thread; leaving it");
+            let _ = self.group.flush_inode_marks();
+            return;
+        }
+        if thread.join().is_err() {
             tracing::error!("the permission thread panicked (its events were allowed)");
         }
     }
@@ -186,6 +255,43 @@ impl Answerer {
 impl Drop for Answerer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A file whose writes wake a `read` on `group`: a memfd marked
+/// `FAN_MODIFY`, written once here to prove that the event arrives.
+/// `group` must have no other marks yet.
+fn wake_file(group: &Fanotify) -> std::io::Result<File> {
+    let memfd = nix::sys::memfd::memfd_create(
+        c"lookout-answer-wake",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+    )?;
+    // N.B. since Linux 6.14 a file from memfd_create itself raises no
+    // fsnotify events (alloc_file_pseudo sets FMODE_NONOTIFY); the same
+    // file opened again through /proc does.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/self/fd/{}", memfd.as_raw_fd()))?;
+    drop(memfd);
+    group
+        .add_mark_fd(file.as_fd(), MarkFlags::empty(), Mask::MODIFY)
+        .map_err(std::io::Error::other)?;
+    file.write_all_at(b"x", 0)?;
+    let mut buf = vec![0u8; MIN_READ_BUFFER];
+    let mut events = Vec::new();
+    let mut fds = [PollFd::new(group.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut fds, PollTimeout::ZERO)? == 1 {
+        group
+            .read_events(&mut buf, &mut events)
+            .map_err(std::io::Error::other)?;
+    }
+    if events.iter().any(|e| e.mask().contains(Mask::MODIFY)) {
+        Ok(file)
+    } else {
+        let _ = group.flush_inode_marks();
+        Err(std::io::Error::other(
+            "a write to a marked memfd raised no event",
+        ))
     }
 }
 
@@ -199,32 +305,24 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self, stop: &EventFd) {
+    /// Reads and answers until `stopping`. With `poll`, waits for the group
+    /// or that eventfd; without, blocks in `read` (see [`wake_file`]).
+    fn run(&mut self, stopping: &AtomicBool, poll_on: Option<&EventFd>) {
         let mut buf = vec![0u8; MIN_READ_BUFFER * 4];
         let mut events: Vec<Event> = Vec::new();
-        loop {
-            let mut fds = [
-                PollFd::new(self.group.as_fd(), PollFlags::POLLIN),
-                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => {
-                    tracing::error!(%e, "polling the fanotify group");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            if fds[1].any().unwrap_or(false) {
-                break;
+        while !stopping.load(Ordering::Acquire) {
+            if let Some(efd) = poll_on
+                && !self.wait(efd)
+            {
+                continue;
             }
             self.counters.begin_batch();
-            match self.group.read_events(&mut buf, &mut events) {
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(error = %lookout_model::Chain(&e), "reading fanotify events");
-                    self.counters.error("read");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+            // The wake-up event (not a permission event) is read here too,
+            // and dropped by `handle`.
+            if let Err(e) = self.group.read_events(&mut buf, &mut events) {
+                tracing::error!(error = %lookout_model::Chain(&e), "reading fanotify events");
+                self.counters.error("read");
+                std::thread::sleep(Duration::from_millis(10));
             }
             for ev in events.drain(..) {
                 self.handle(ev);
@@ -233,12 +331,29 @@ impl Worker {
         }
         // No new events: a start still held (a task decides it) keeps the
         // group open, and with marks left every runtime exec would queue
-        // in it with nobody reading.
+        // in it with nobody reading. This removes the wake-up mark too.
         if let Err(e) = self.group.flush_inode_marks() {
             tracing::warn!(error = %lookout_model::Chain(&e), "removing the runtime binaries' marks");
         }
         // Answer whatever is queued before the group closes.
         let _ = self.group.drain();
+    }
+
+    /// Polls the group and `efd`; whether the group has events to read.
+    fn wait(&self, efd: &EventFd) -> bool {
+        let mut fds = [
+            PollFd::new(self.group.as_fd(), PollFlags::POLLIN),
+            PollFd::new(efd.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!(%e, "polling the fanotify group");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // N.B. the group is blocking: read only when it has something.
+        fds[0].any().unwrap_or(false)
     }
 
     fn handle(&mut self, mut ev: Event) {
@@ -403,4 +518,91 @@ fn needs_state(inv: &Invocation) -> bool {
 
 pub(crate) fn basename(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::process::{Command as Process, Stdio};
+
+    /// Runs `f` on another thread; panics if it takes more than 5 s.
+    fn within_5s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{what}: still waiting after 5 s"))
+    }
+
+    fn exec(bin: &Path) -> bool {
+        let bin = bin.to_owned();
+        within_5s("an exec of the marked binary", move || {
+            Process::new(bin)
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
+    /// Starts an answerer on a private copy of `true`; execs it, stops the
+    /// answerer, execs it again with the group still open.
+    fn answers_and_stops(test: &str, wake: impl FnOnce(&Fanotify) -> std::io::Result<File>) {
+        if !lookout_testsupport::require_root(test) {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("runc");
+        lookout_testsupport::install_executable(Path::new("/bin/true"), &bin)
+            .expect("copy /bin/true");
+        let group = Fanotify::builder()
+            .class(lookout_fanotify::Class::Content)
+            .report(lookout_fanotify::Report::TID)
+            .nonblock(false)
+            .init()
+            .expect("fanotify_init as root");
+        let wake = wake(&group);
+        let expect_read = wake.is_ok();
+        let (tx, _rx) = mpsc::channel(16);
+        let counters = Arc::new(Counters::new(None, Duration::from_secs(1)));
+        let mut answerer = Answerer::spawn_with(
+            group.share(),
+            wake,
+            None,
+            Arc::clone(&counters),
+            Arc::default(),
+            Arc::default(),
+            tx,
+        )
+        .expect("spawn");
+        assert_eq!(answerer.blocks_in_read(), expect_read);
+        group
+            .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
+            .expect("mark");
+        assert!(exec(&bin), "the answerer did not allow the exec");
+        assert_eq!(counters.missing_argv.load(Ordering::Relaxed), 1);
+        within_5s("stopping the answerer", move || answerer.stop());
+        // `group` is still open: had the marks stayed, this exec would
+        // wait for an answer nobody gives.
+        assert!(exec(&bin), "an exec after the stop was held");
+        assert_eq!(counters.missing_argv.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn blocking_in_read_it_answers_and_stops_at_once() {
+        answers_and_stops("blocking_in_read_it_answers_and_stops_at_once", |g| {
+            let file = wake_file(g);
+            assert!(file.is_ok(), "no wake-up event on this kernel: {file:?}");
+            file
+        });
+    }
+
+    #[test]
+    fn polling_without_a_wake_up_event_it_answers_and_stops_at_once() {
+        answers_and_stops(
+            "polling_without_a_wake_up_event_it_answers_and_stops_at_once",
+            |_| Err(std::io::Error::other("told to poll")),
+        );
+    }
 }

@@ -331,9 +331,11 @@ impl RuntimeHook {
             None => None,
         };
         let bpf = started.elapsed();
+        // Blocking: only the answering thread reads it, in `read(2)`.
         let group = Fanotify::builder()
             .class(Class::Content)
             .report(Report::TID)
+            .nonblock(false)
             .init()
             .map_err(Error::Fanotify)?;
         let counters = Arc::new(Counters::new(
