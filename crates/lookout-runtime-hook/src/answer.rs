@@ -368,11 +368,11 @@ impl Worker {
         let since = Instant::now();
         let tid = ev.pid().max(0) as u32;
         let mut record = self.ring.as_mut().and_then(|r| r.take(tid));
-        self.note_waiting();
         // runc re-executing itself (`runc init`, once per container) has no
         // record by design: answer it at once, with one readlink.
         if record.is_none() && self.marked.is_reexec(tid) {
             self.counters.answer(perm, since);
+            self.note_waiting();
             return;
         }
         // N.B. the ring buffer hands out records in order, so a record that

@@ -257,12 +257,17 @@ impl Api {
         // The last frames leave the API's thread after its stream ends.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let Some(c) = &self.config else { return };
+        // N.B. read before the lease goes: the successor takes it at that
+        // instant and, once it serves, removes its standby mark, which a
+        // read after the release could then miss (and with it the wait
+        // below). Read after it too, for one that stood by meanwhile.
+        let waiting = handover::successor(&c.socket);
         {
             let mut s = lock(&self.state);
             crate::grpc::unbind(&c.socket, s.bound);
             s.lease = None;
         }
-        let Some(pid) = handover::successor(&c.socket) else {
+        let Some(pid) = waiting.or_else(|| handover::successor(&c.socket)) else {
             return;
         };
         let started = Instant::now();
