@@ -105,6 +105,7 @@ pub struct Metrics {
     nri_dropped: Counter,
     recovered: Counter,
     without_argv: Counter,
+    argv_waits: Counter,
     missed: Family<MissedLabels, Counter>,
     ignored: Family<ReasonLabels, Counter>,
     http_refused: Counter,
@@ -238,6 +239,13 @@ impl Metrics {
                 "Runtime execs that came without a BPF argv record and were followed through /proc \
              (every one in fanotify mode; with BPF, a runtime re-exec not recognised or a caller \
              other than host root)",
+                Counter::default(),
+            ),
+            argv_waits: register(
+                r,
+                "argv_record_waits",
+                "runtime execs by host root whose BPF argv record was not committed yet: the \
+             permission thread looked again for up to 2 ms (other callers are never waited for)",
                 Counter::default(),
             ),
             recovered: register(
@@ -406,6 +414,10 @@ impl lookout_runtime_hook::Observer for Metrics {
 
     fn without_argv(&self) {
         self.without_argv.inc();
+    }
+
+    fn argv_wait(&self) {
+        self.argv_waits.inc();
     }
 
     fn missed(&self, runtime: &str, reason: &'static str) {

@@ -417,6 +417,22 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     }
     drop(attackers);
     each_seen_once_at_create(&agent, &rt, &ids);
+    // The attackers' execs of the watched runtime have no BPF record (only
+    // host root's are recorded): the permission thread must not wait for
+    // one (2 ms an exec, which root's next exec would wait behind).
+    // Root's own execs may wait now and then for a record another CPU had
+    // not committed yet.
+    let page = agent.metrics();
+    let ignored = metric(
+        &page,
+        "lookout_runtime_execs_ignored_total{reason=\"non-root\"}",
+    )
+    .unwrap_or_default();
+    let waits = metric(&page, "lookout_argv_record_waits_total").expect("the waits metric");
+    assert!(
+        ignored >= 20.0 && waits < 10.0,
+        "{ignored} attacker execs, {waits} waits for a record:\n{page}"
+    );
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
 }

@@ -39,6 +39,10 @@ pub trait Observer: Send + Sync {
     /// a caller other than host root, or a runtime re-exec the hook did
     /// not recognise): it was allowed at once and followed through /proc.
     fn without_argv(&self) {}
+    /// The permission thread waited (2 ms at most) for a host root exec's
+    /// BPF argv record, which another CPU had not committed yet. Execs of
+    /// other callers are never waited for: their record never comes.
+    fn argv_wait(&self) {}
 }
 
 /// Counters, for metrics and tests.
@@ -191,7 +195,7 @@ pub(crate) struct Counters {
     /// Execs without argv not handed to the task (its queue was full).
     pub unseen_dropped: AtomicU64,
     /// When the permission thread started its current batch (a
-    /// [`stamp`]); 0 while it waits in `poll`.
+    /// [`stamp`]); 0 while it waits for events.
     pub(crate) busy_since: AtomicU64,
     /// BPF argv records waiting for their exec's permission event, as the
     /// permission thread last left them.
