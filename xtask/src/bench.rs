@@ -410,14 +410,10 @@ fn status_field(status: &str, name: &str) -> u64 {
 /// switches). A thread that exits between two samples takes its count
 /// with it; one born between them counts from 0.
 fn thread_switches(pid: u32) -> Vec<(u32, String, u64, u64)> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter_map(|t| {
-            let tid = t.file_name().to_str()?.parse().ok()?;
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+    threads(pid)
+        .into_iter()
+        .filter_map(|(tid, dir)| {
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
             let name = status
                 .lines()
                 .find_map(|l| l.strip_prefix("Name:"))
@@ -432,6 +428,28 @@ fn thread_switches(pid: u32) -> Vec<(u32, String, u64, u64)> {
             ))
         })
         .collect()
+}
+
+/// Every thread of `pid` now: its id and `/proc/<pid>/task/<tid>`.
+fn threads(pid: u32) -> Vec<(u32, PathBuf)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| Some((t.file_name().to_str()?.parse().ok()?, t.path())))
+        .collect()
+}
+
+/// On-CPU time (ns) of the thread whose /proc directory is `dir`, from its
+/// `schedstat` (not clock ticks).
+pub(crate) fn schedstat_ns(dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(dir.join("schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The context switches between two [`thread_switches`] samples, per
@@ -1002,18 +1020,14 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
 /// CPU time (ns) that thread `name` of process `pid` (its main thread for
 /// "") has used, from its `schedstat` (on-CPU ns, not clock ticks).
 fn thread_cpu_ns(pid: u32, name: &str) -> Option<u64> {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let main = task.file_name().to_str() == Some(pid.to_string().as_str());
-        if (name.is_empty() && main) || (!name.is_empty() && comm.trim() == name) {
-            let sched = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-            return sched.split_whitespace().next()?.parse().ok();
+    let (_, dir) = threads(pid).into_iter().find(|(tid, dir)| {
+        if name.is_empty() {
+            *tid == pid
+        } else {
+            std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == name)
         }
-    }
-    None
+    })?;
+    schedstat_ns(&dir)
 }
 
 /// Run time (ns) and runs of the tracepoint programs agent `pid` holds,

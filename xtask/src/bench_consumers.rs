@@ -776,13 +776,8 @@ fn grpc_floor(
     let thread = tid_rx
         .recv_timeout(Duration::from_secs(10))
         .context("the gRPC floor's server did not start")?;
-    let schedstat = Path::new("/proc").join(thread).join("schedstat");
-    let cpu_ns = || -> u64 {
-        std::fs::read_to_string(&schedstat)
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let thread = Path::new("/proc").join(thread);
+    let cpu_ns = || -> u64 { super::schedstat_ns(&thread).unwrap_or(0) };
     let changes = Arc::new(AtomicU64::new(0));
     let snapshots = Arc::new(AtomicU64::new(0));
     for _ in 0..watchers {
