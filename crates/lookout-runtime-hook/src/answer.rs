@@ -190,7 +190,7 @@ impl Answerer {
             Err(e) => {
                 tracing::info!(
                     error = %e,
-                    "the answering thread polls its group (no wake-up event: {e})"
+                    "the answering thread polls its group (no wake-up event)"
                 );
                 let efd = Arc::new(EventFd::from_flags(
                     EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
