@@ -51,6 +51,11 @@
 //!   thread that answers events wait for such a child (`Command::spawn`
 //!   waits for the exec!), and close the group fd in `pre_exec` for children
 //!   that may exec marked binaries.
+//! - A thread blocked in `read` on a blocking group wakes for events
+//!   only. To stop it, mark a private file `FAN_MODIFY` in the same group
+//!   and write to it; since Linux 6.14 a file from `memfd_create` itself
+//!   raises no fsnotify events, the same memfd reopened through
+//!   `/proc/self/fd/N` does.
 #![deny(missing_docs)]
 
 #[cfg(feature = "tokio")]
