@@ -172,19 +172,22 @@ impl Answerer {
         tx: mpsc::Sender<Exec>,
     ) -> std::io::Result<Answerer> {
         let wake = wake_file(&group);
-        Self::spawn_with(group, wake, ring, counters, marked, shared, tx)
+        Self::start(
+            Worker {
+                group,
+                ring,
+                counters,
+                marked,
+                shared,
+                tx,
+            },
+            wake,
+        )
     }
 
-    /// [`Answerer::spawn`] with the wake-up file made (or not) already.
-    fn spawn_with(
-        group: Fanotify,
-        wake: std::io::Result<File>,
-        ring: Option<ArgvRing>,
-        counters: Arc<Counters>,
-        marked: Arc<Marked>,
-        shared: Arc<AtomicUsize>,
-        tx: mpsc::Sender<Exec>,
-    ) -> std::io::Result<Answerer> {
+    /// Starts `worker`'s thread, woken to stop through `wake` (or by
+    /// polling, without it).
+    fn start(mut worker: Worker, wake: std::io::Result<File>) -> std::io::Result<Answerer> {
         let (wake, poll) = match wake {
             Ok(file) => (Wake::Event(file), None),
             Err(e) => {
@@ -200,20 +203,10 @@ impl Answerer {
         };
         let stopping = Arc::new(AtomicBool::new(false));
         let thread_stopping = Arc::clone(&stopping);
-        let handle = group.share();
+        let handle = worker.group.share();
         let thread = std::thread::Builder::new()
             .name("lookout-answer".into())
-            .spawn(move || {
-                let mut worker = Worker {
-                    group,
-                    ring,
-                    counters,
-                    marked,
-                    shared,
-                    tx,
-                };
-                worker.run(&thread_stopping, poll.as_deref());
-            })?;
+            .spawn(move || worker.run(&thread_stopping, poll.as_deref()))?;
         Ok(Answerer {
             stopping,
             wake,
@@ -575,16 +568,15 @@ mod tests {
         let expect_read = wake.is_ok();
         let (tx, _rx) = mpsc::channel(16);
         let counters = Arc::new(Counters::new(None, Duration::from_secs(1)));
-        let mut answerer = Answerer::spawn_with(
-            group.share(),
-            wake,
-            None,
-            Arc::clone(&counters),
-            Arc::default(),
-            Arc::default(),
+        let worker = Worker {
+            group: group.share(),
+            ring: None,
+            counters: Arc::clone(&counters),
+            marked: Arc::default(),
+            shared: Arc::default(),
             tx,
-        )
-        .expect("spawn");
+        };
+        let mut answerer = Answerer::start(worker, wake).expect("spawn");
         assert_eq!(answerer.blocks_in_read(), expect_read);
         group
             .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
