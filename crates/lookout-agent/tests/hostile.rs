@@ -422,6 +422,11 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     // one (2 ms an exec, which root's next exec would wait behind).
     // Root's own execs may wait now and then for a record another CPU had
     // not committed yet.
+    assert!(
+        agent.log().contains("discovery mode fanotify-ebpf"),
+        "the waits below count only with BPF argv capture:\n{}",
+        agent.log()
+    );
     let page = agent.metrics();
     let ignored = metric(
         &page,

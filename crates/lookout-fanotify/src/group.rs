@@ -26,7 +26,6 @@ pub struct Fanotify {
     // Shared with every `Permission` guard, so a guard can still answer
     // after the group handle was dropped (and the fd stays open until then).
     fd: Arc<OwnedFd>,
-    nonblocking: bool,
 }
 
 /// Options for a new group ([`Builder::init`]); start with [`Fanotify::builder`].
@@ -114,10 +113,7 @@ impl Builder {
         // N.B. event_f_flags are open(2) flags: non-negative by construction.
         let fd = sys::fanotify_init(flags, self.event_f_flags as u32)
             .map_err(|source| Error::Init { flags, source })?;
-        Ok(Fanotify {
-            fd: Arc::new(fd),
-            nonblocking: self.nonblock,
-        })
+        Ok(Fanotify { fd: Arc::new(fd) })
     }
 }
 
@@ -134,7 +130,6 @@ impl Fanotify {
     pub fn share(&self) -> Fanotify {
         Fanotify {
             fd: Arc::clone(&self.fd),
-            nonblocking: self.nonblocking,
         }
     }
 
@@ -217,7 +212,7 @@ impl Fanotify {
         }
         let n = match sys::read(self.fd.as_fd(), buf) {
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && self.nonblocking => {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 return Ok(0);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(0),
@@ -230,20 +225,18 @@ impl Fanotify {
 
     /// Reads what is queued and answers every permission event with
     /// "allow" at once. Handy for draining a group that is about to close.
-    /// Returns when nothing is queued, on a blocking group too.
+    ///
+    /// A blocking group is made non-blocking first (see
+    /// [`set_nonblocking`](Self::set_nonblocking)): a queued permission
+    /// event disappears when its process is killed, so a check that
+    /// something is queued does not make the next blocking `read` return.
     pub fn drain(&self) -> Result<usize, Error> {
+        self.set_nonblocking(true)?;
         let mut buf = vec![0u8; MIN_READ_BUFFER];
         let mut out = Vec::new();
         let mut total = 0;
         loop {
             out.clear();
-            // N.B. a blocking group's read would wait for the next event:
-            // read only what is there (one reader, so it stays there).
-            if !self.nonblocking
-                && !sys::readable_now(self.fd.as_fd()).map_err(|source| Error::Read { source })?
-            {
-                return Ok(total);
-            }
             let n = self.read_events(&mut buf, &mut out)?;
             if n == 0 {
                 return Ok(total);
@@ -252,9 +245,27 @@ impl Fanotify {
         }
     }
 
-    /// Whether the group was created non-blocking.
+    /// Whether reads return at once when nothing is queued (`O_NONBLOCK`
+    /// on the group's open file, shared by every handle and `dup`).
     pub fn is_nonblocking(&self) -> bool {
-        self.nonblocking
+        sys::status_flags(self.fd.as_fd()).is_ok_and(|f| f & libc::O_NONBLOCK != 0)
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the group's open file: for every
+    /// handle on it ([`share`](Self::share), `dup`), not only this one.
+    #[doc(alias = "fcntl")]
+    pub fn set_nonblocking(&self, yes: bool) -> Result<(), Error> {
+        let fd = self.fd.as_fd();
+        let flags = sys::status_flags(fd).map_err(|source| Error::Flags { source })?;
+        let wanted = if yes {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        if wanted != flags {
+            sys::set_status_flags(fd, wanted).map_err(|source| Error::Flags { source })?;
+        }
+        Ok(())
     }
 }
 

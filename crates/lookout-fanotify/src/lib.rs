@@ -113,6 +113,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Reading or setting the group's file status flags (`fcntl`) failed.
+    #[error("fcntl on the fanotify group failed")]
+    Flags {
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
     /// Writing a permission response failed.
     #[error("answering fanotify permission event (fd {fd}) failed")]
     Respond {
@@ -140,7 +147,7 @@ pub enum Error {
         min: usize,
     },
     /// [`AsyncFanotify`] needs a non-blocking group.
-    #[error("the async API needs a group built with nonblock(true)")]
+    #[error("the async API needs a non-blocking group (nonblock(true))")]
     Blocking,
 }
 
@@ -151,6 +158,7 @@ impl Error {
             Error::Init { source, .. }
             | Error::Mark { source, .. }
             | Error::Read { source }
+            | Error::Flags { source }
             | Error::Respond { source, .. } => source.raw_os_error(),
             _ => None,
         }

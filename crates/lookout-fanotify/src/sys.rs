@@ -47,20 +47,24 @@ pub(crate) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-/// `poll(2)` on `fd` for input with a zero timeout: whether a `read`
-/// would return at once.
-pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd that lives across the call.
-    let n = unsafe { libc::poll(&raw mut p, 1, 0) };
-    if n < 0 {
+/// `fcntl(F_GETFL)`: the open file's status flags.
+pub(crate) fn status_flags(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GETFL takes no argument and only reads the borrowed fd.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(n > 0 && p.revents & libc::POLLIN != 0)
+    Ok(flags)
+}
+
+/// `fcntl(F_SETFL, flags)`.
+pub(crate) fn set_status_flags(fd: BorrowedFd<'_>, flags: i32) -> io::Result<()> {
+    // SAFETY: F_SETFL takes an int and changes only the borrowed fd's open
+    // file's status flags.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Writes one `struct fanotify_response` to the group fd.

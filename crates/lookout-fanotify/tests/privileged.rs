@@ -295,4 +295,8 @@ fn drain_returns_on_a_blocking_group_once_the_queue_is_empty() {
         .expect("drain on a blocking group still waiting after 5 s");
     assert_eq!(drained, (1, 0));
     assert!(exec.join().expect("join").expect("exec").success());
+    // The mode is the open file's, so every handle sees what drain set.
+    assert!(group.is_nonblocking());
+    group.set_nonblocking(false).expect("set blocking");
+    assert!(!group.share().is_nonblocking());
 }

@@ -285,11 +285,21 @@ impl Api {
             // agent's group has received but not yet read, are read and
             // decided before discovery stops (it would let them go).
             tokio::time::sleep(SETTLE).await;
-            tracing::info!(
-                successor_pid = pid,
-                took_ms = started.elapsed().as_millis() as u64,
-                "handed the consumer socket over to the agent that stood by"
-            );
+            // Its mark also goes when it exits (stopping as well).
+            let alive = i32::try_from(pid)
+                .is_ok_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok());
+            if alive {
+                tracing::info!(
+                    successor_pid = pid,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "handed the consumer socket over to the agent that stood by"
+                );
+            } else {
+                tracing::warn!(
+                    successor_pid = pid,
+                    "the agent standing by exited instead of taking over"
+                );
+            }
         }
     }
 }
