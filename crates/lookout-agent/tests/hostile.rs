@@ -372,6 +372,12 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     open_to_all(rt.path.parent().expect("runtime dir"));
     let dir = tempfile::tempdir().expect("tempdir");
     let agent = Agent::start(&rt, &[]);
+    // The waits asserted at the end count only with BPF argv capture.
+    assert!(
+        agent.log().contains("discovery mode fanotify-ebpf"),
+        "{}",
+        agent.log()
+    );
     // Four attacker processes exec runtime names as fast as they can: paths
     // that do not exist (the BPF programs see the name before the path is
     // looked up) and the watched runtime itself.
@@ -422,11 +428,6 @@ fn an_exec_flood_by_an_unprivileged_user_hides_no_container() {
     // one (2 ms an exec, which root's next exec would wait behind).
     // Root's own execs may wait now and then for a record another CPU had
     // not committed yet.
-    assert!(
-        agent.log().contains("discovery mode fanotify-ebpf"),
-        "the waits below count only with BPF argv capture:\n{}",
-        agent.log()
-    );
     let page = agent.metrics();
     let ignored = metric(
         &page,

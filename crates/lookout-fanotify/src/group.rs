@@ -226,10 +226,11 @@ impl Fanotify {
     /// Reads what is queued and answers every permission event with
     /// "allow" at once. Handy for draining a group that is about to close.
     ///
-    /// A blocking group is made non-blocking first (see
-    /// [`set_nonblocking`](Self::set_nonblocking)): a queued permission
-    /// event disappears when its process is killed, so a check that
-    /// something is queued does not make the next blocking `read` return.
+    /// A blocking group is made non-blocking first, and left so, for every
+    /// handle on it (see [`set_nonblocking`](Self::set_nonblocking)): a
+    /// queued permission event disappears when its process is killed, so a
+    /// check that something is queued does not make the next blocking
+    /// `read` return.
     pub fn drain(&self) -> Result<usize, Error> {
         self.set_nonblocking(true)?;
         let mut buf = vec![0u8; MIN_READ_BUFFER];
@@ -253,6 +254,8 @@ impl Fanotify {
 
     /// Sets or clears `O_NONBLOCK` on the group's open file: for every
     /// handle on it ([`share`](Self::share), `dup`), not only this one.
+    /// Never clear it under an [`AsyncFanotify`](crate::AsyncFanotify):
+    /// its reads would then block the runtime's thread.
     #[doc(alias = "fcntl")]
     pub fn set_nonblocking(&self, yes: bool) -> Result<(), Error> {
         let fd = self.fd.as_fd();

@@ -189,7 +189,15 @@ impl Answerer {
     /// polling, without it).
     fn start(mut worker: Worker, wake: std::io::Result<File>) -> std::io::Result<Answerer> {
         let (wake, poll) = match wake {
-            Ok(file) => (Wake::Event(file), None),
+            Ok(file) => {
+                // Blocking, whatever the caller gave: a non-blocking read
+                // that finds nothing would have this loop spin.
+                worker
+                    .group
+                    .set_nonblocking(false)
+                    .map_err(std::io::Error::other)?;
+                (Wake::Event(file), None)
+            }
             Err(e) => {
                 tracing::info!(
                     error = %e,
@@ -366,7 +374,8 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        // N.B. the group is blocking: read only when it has something.
+        // N.B. a read finding nothing (an event gone with its killed
+        // process) returns at once: the group is non-blocking in this mode.
         fds[0].any().unwrap_or(false)
     }
 

@@ -285,10 +285,9 @@ impl Api {
             // agent's group has received but not yet read, are read and
             // decided before discovery stops (it would let them go).
             tokio::time::sleep(SETTLE).await;
-            // Its mark also goes when it exits (stopping as well).
-            let alive = i32::try_from(pid)
-                .is_ok_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok());
-            if alive {
+            // Its mark also goes when it exits (stopping as well): it took
+            // over only if the lease now names it.
+            if Lease::holder(&handover::lease_path(&c.socket)) == Some(pid) {
                 tracing::info!(
                     successor_pid = pid,
                     took_ms = started.elapsed().as_millis() as u64,
@@ -297,7 +296,7 @@ impl Api {
             } else {
                 tracing::warn!(
                     successor_pid = pid,
-                    "the agent standing by exited instead of taking over"
+                    "the agent standing by did not take the lease over (it exited)"
                 );
             }
         }
