@@ -52,7 +52,8 @@ enum Command {
     /// Run the agent with its binary out of the page cache and the disk's
     /// readahead off (root), and write the functions that start-up and a
     /// few containers touch to deploy/symbol-order.x86_64, which the
-    /// image's link lays out together.
+    /// image's link lays out together; `--check`: fail when that list no
+    /// longer fits the code (CI).
     SymbolOrder(symbol_order::Options),
     /// Boot Debian's own kernels (5.10, 6.1, 6.12; amd64 and arm64) under
     /// QEMU and run the image's agent there against each release's runc
