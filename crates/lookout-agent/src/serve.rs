@@ -53,19 +53,15 @@ mod tests {
     #[test]
     fn health_fails_past_the_bound_only() {
         let b = Duration::from_secs(10);
-        assert!(verdict(None, None, b).is_ok());
-        assert!(
-            verdict(
-                Some(Duration::from_secs(9)),
-                Some(Duration::from_secs(1)),
-                b
-            )
-            .is_ok()
-        );
-        let e = verdict(Some(Duration::from_secs(11)), None, b).expect_err("stuck answer");
+        let s = Duration::from_secs;
+        assert!(verdict(None, None, None, b).is_ok());
+        assert!(verdict(Some(s(9)), Some(s(1)), Some(s(10)), b).is_ok());
+        let e = verdict(Some(s(11)), None, None, b).expect_err("stuck answer");
         assert!(e.contains("waited"), "{e}");
-        let e = verdict(None, Some(Duration::from_secs(11)), b).expect_err("stuck thread");
-        assert!(e.contains("permission thread"), "{e}");
+        let e = verdict(None, Some(s(11)), None, b).expect_err("stuck thread");
+        assert!(e.contains("busy"), "{e}");
+        let e = verdict(None, None, Some(s(11)), b).expect_err("stuck read");
+        assert!(e.contains("read no event"), "{e}");
     }
 }
 
@@ -449,11 +445,14 @@ pub struct Endpoints {
 }
 
 /// Whether the runtime hook makes progress: the oldest permission event
-/// handed to its task has waited less than `bound`, and the permission
-/// thread has not been busy with one batch for that long either.
+/// handed to its task has waited less than `bound`, the permission thread
+/// has not been busy with one batch for that long either, nor left a
+/// probe of its reads unread that long (a `read` stuck in the kernel; see
+/// [`lookout_runtime_hook::Health::reads_stalled`]).
 pub fn verdict(
     oldest_unanswered: Option<Duration>,
     permission_thread_busy: Option<Duration>,
+    reads_stalled: Option<Duration>,
     bound: Duration,
 ) -> Result<(), String> {
     if let Some(age) = oldest_unanswered.filter(|a| *a > bound) {
@@ -466,12 +465,24 @@ pub fn verdict(
             "the permission thread has been busy for {busy:?} (bound {bound:?})"
         ));
     }
+    if let Some(stalled) = reads_stalled.filter(|s| *s > bound) {
+        return Err(format!(
+            "the permission thread has read no event for {stalled:?}, a probe waiting \
+             (bound {bound:?}): its read is stuck in the kernel, likely opening a runtime \
+             binary on a stalled file system"
+        ));
+    }
     Ok(())
 }
 
 async fn healthz(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
     let check = s.hook.get().map_or(Ok(()), |(h, bound)| {
-        verdict(h.oldest_unanswered(), h.permission_thread_busy(), *bound)
+        verdict(
+            h.oldest_unanswered(),
+            h.permission_thread_busy(),
+            h.reads_stalled(),
+            *bound,
+        )
     });
     match check {
         Ok(()) => (StatusCode::OK, "ok\n".to_owned()),

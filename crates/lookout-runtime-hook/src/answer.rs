@@ -147,6 +147,9 @@ pub(crate) struct Answerer {
     /// Another handle on the group, to take the marks away should the
     /// thread not wake.
     group: Fanotify,
+    /// Whose probe (see [`crate::Health::reads_stalled`]) ends with the
+    /// thread.
+    counters: Arc<Counters>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -154,7 +157,8 @@ pub(crate) struct Answerer {
 enum Wake {
     /// The thread blocks in `read`; a write to this file (a memfd marked
     /// `FAN_MODIFY` in the group) queues an event that ends the read.
-    Event(File),
+    /// Health checks write to it too, to see that reads go on.
+    Event(Arc<File>),
     /// The thread polls the group and this eventfd.
     Poll(Arc<EventFd>),
 }
@@ -196,6 +200,8 @@ impl Answerer {
                     .group
                     .set_nonblocking(false)
                     .map_err(std::io::Error::other)?;
+                let file = Arc::new(file);
+                worker.counters.probe.set_file(Some(Arc::clone(&file)));
                 (Wake::Event(file), None)
             }
             Err(e) => {
@@ -218,13 +224,16 @@ impl Answerer {
         let stopping = Arc::new(AtomicBool::new(false));
         let thread_stopping = Arc::clone(&stopping);
         let handle = worker.group.share();
+        let counters = Arc::clone(&worker.counters);
         let thread = std::thread::Builder::new()
             .name("lookout-answer".into())
-            .spawn(move || worker.run(&thread_stopping, poll.as_deref()))?;
+            .spawn(move || worker.run(&thread_stopping, poll.as_deref()))
+            .inspect_err(|_| counters.probe.set_file(None))?;
         Ok(Answerer {
             stopping,
             wake,
             group: handle,
+            counters,
             thread: Some(thread),
         })
     }
@@ -240,6 +249,8 @@ impl Answerer {
         let Some(thread) = self.thread.take() else {
             return;
         };
+        // No thread to probe from here on, whatever follows.
+        self.counters.probe.set_file(None);
         self.stopping.store(true, Ordering::Release);
         let woken = match &self.wake {
             Wake::Event(file) => file.write_all_at(b"x", 0),
@@ -327,10 +338,14 @@ impl Worker {
         let mut buf = vec![0u8; MIN_READ_BUFFER * 4];
         let mut events: Vec<Event> = Vec::new();
         while !stopping.load(Ordering::Acquire) {
-            if let Some(efd) = poll_on
-                && !self.wait(efd)
-            {
-                continue;
+            if let Some(efd) = poll_on {
+                if !self.wait(efd) {
+                    continue;
+                }
+                // Polling, the group has events: the read is work, and
+                // one stuck while the kernel opens an event's file (a
+                // stalled FUSE or NFS mount) counts for /healthz.
+                self.counters.begin_batch();
             }
             // The wake-up event (not a permission event) is read here too,
             // and dropped by `handle`.
@@ -339,13 +354,17 @@ impl Worker {
                 self.counters.error("read");
                 std::thread::sleep(Duration::from_millis(10));
             }
-            // N.B. busy from here, not before the read: the thread waits in
-            // it, and a wait counted as work would fail /healthz on a quiet
-            // node.
+            // N.B. blocking in `read`, busy from here, not before it: the
+            // thread waits in it, and a wait counted as work would fail
+            // /healthz on a quiet node. A read stuck inside the kernel is
+            // seen by the probe instead (`Health::reads_stalled`).
             if events.is_empty() {
+                self.counters.end_batch();
                 continue;
             }
-            self.counters.begin_batch();
+            if poll_on.is_none() {
+                self.counters.begin_batch();
+            }
             for ev in events.drain(..) {
                 self.handle(ev);
             }
@@ -383,9 +402,16 @@ impl Worker {
         if ev.is_overflow() {
             tracing::warn!("fanotify queue overflow: some runtime execs were not seen");
             self.counters.error("overflow");
+            // A probe's event may be among those lost; reads go on.
+            self.counters.probe.read();
             return;
         }
         let Some(perm) = ev.take_permission() else {
+            // The wake-up file's event (the only `FAN_MODIFY` mark): a
+            // health probe, or a stop.
+            if ev.mask().contains(Mask::MODIFY) {
+                self.counters.probe.read();
+            }
             return;
         };
         let since = Instant::now();
@@ -581,13 +607,57 @@ mod tests {
         })
     }
 
+    /// Whether the test can run (root); prints SKIPPED, or fails under CI,
+    /// if not.
+    fn root(test: &str) -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        assert!(!ci, "{test}: needs root under CI");
+        eprintln!("\n!!! SKIPPED {test}: needs root\n");
+        false
+    }
+
+    /// A blocking group, as the hook makes one.
+    fn group() -> Fanotify {
+        Fanotify::builder()
+            .class(lookout_fanotify::Class::Content)
+            .report(lookout_fanotify::Report::TID)
+            .nonblock(false)
+            .init()
+            .expect("fanotify_init as root")
+    }
+
+    /// An answering thread on `group`, woken through `wake`, and its
+    /// counters.
+    fn answerer(group: &Fanotify, wake: std::io::Result<File>) -> (Answerer, Arc<Counters>) {
+        let (tx, _rx) = mpsc::channel(16);
+        let counters = Arc::new(Counters::new(None, Duration::from_secs(1)));
+        let worker = Worker {
+            group: group.share(),
+            ring: None,
+            counters: Arc::clone(&counters),
+            marked: Arc::default(),
+            shared: Arc::default(),
+            tx,
+        };
+        (Answerer::start(worker, wake).expect("spawn"), counters)
+    }
+
+    /// Polls `done` every 20 ms for 10 s at most; panics with `what` then.
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts an answerer on a private copy of `true`; execs it, stops the
     /// answerer, execs it again with the group still open.
     fn answers_and_stops(test: &str, wake: impl FnOnce(&Fanotify) -> std::io::Result<File>) {
-        if !nix::unistd::geteuid().is_root() {
-            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-            assert!(!ci, "{test}: needs root under CI");
-            eprintln!("\n!!! SKIPPED {test}: needs root\n");
+        if !root(test) {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
@@ -600,25 +670,10 @@ mod tests {
             .status()
             .expect("install(1)");
         assert!(installed.success(), "install /bin/true: {installed}");
-        let group = Fanotify::builder()
-            .class(lookout_fanotify::Class::Content)
-            .report(lookout_fanotify::Report::TID)
-            .nonblock(false)
-            .init()
-            .expect("fanotify_init as root");
+        let group = group();
         let wake = wake(&group);
         let expect_read = wake.is_ok();
-        let (tx, _rx) = mpsc::channel(16);
-        let counters = Arc::new(Counters::new(None, Duration::from_secs(1)));
-        let worker = Worker {
-            group: group.share(),
-            ring: None,
-            counters: Arc::clone(&counters),
-            marked: Arc::default(),
-            shared: Arc::default(),
-            tx,
-        };
-        let mut answerer = Answerer::start(worker, wake).expect("spawn");
+        let (mut answerer, counters) = answerer(&group, wake);
         assert_eq!(answerer.blocks_in_read(), expect_read);
         group
             .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
@@ -628,13 +683,20 @@ mod tests {
         // Idle, the thread waits in read or poll, and that is no work:
         // counted as a batch, it would fail /healthz on a quiet node. One
         // exec's batch takes microseconds; watch for one of a second.
+        // Nor is it stalled: the health probes sent meanwhile (one a
+        // second) are read at once.
         let health = counters.health();
         let watch = Instant::now();
-        while watch.elapsed() < Duration::from_millis(1500) {
+        while watch.elapsed() < Duration::from_millis(2500) {
             let busy = health.permission_thread_busy();
             assert!(
                 busy.is_none_or(|b| b < Duration::from_secs(1)),
                 "an idle answering thread counted as busy for {busy:?}"
+            );
+            let stalled = health.reads_stalled();
+            assert!(
+                stalled.is_none_or(|b| b < Duration::from_secs(1)),
+                "an idle answering thread left a probe unread for {stalled:?}"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -660,5 +722,200 @@ mod tests {
             "polling_without_a_wake_up_event_it_answers_and_stops_at_once",
             |_| Err(std::io::Error::other("told to poll")),
         );
+    }
+
+    /// A FUSE file system of one file, `bin`, whose daemon answers the
+    /// first open of it and holds every later one until the test lets them
+    /// go: a stalled FUSE daemon, as far as opening that file goes.
+    struct Stalling {
+        opens: std::sync::atomic::AtomicU32,
+        held: Arc<std::sync::Mutex<Vec<fuser::ReplyOpen>>>,
+    }
+
+    impl Stalling {
+        const TTL: Duration = Duration::from_secs(60);
+
+        fn attr(ino: fuser::INodeNo) -> fuser::FileAttr {
+            let dir = u64::from(ino) == 1;
+            fuser::FileAttr {
+                ino,
+                size: if dir { 0 } else { 4 },
+                blocks: 0,
+                atime: std::time::UNIX_EPOCH,
+                mtime: std::time::UNIX_EPOCH,
+                ctime: std::time::UNIX_EPOCH,
+                crtime: std::time::UNIX_EPOCH,
+                kind: if dir {
+                    fuser::FileType::Directory
+                } else {
+                    fuser::FileType::RegularFile
+                },
+                perm: if dir { 0o755 } else { 0o644 },
+                nlink: if dir { 2 } else { 1 },
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                blksize: 4096,
+                flags: 0,
+            }
+        }
+    }
+
+    impl fuser::Filesystem for Stalling {
+        fn lookup(
+            &self,
+            _: &fuser::Request,
+            parent: fuser::INodeNo,
+            name: &std::ffi::OsStr,
+            reply: fuser::ReplyEntry,
+        ) {
+            if u64::from(parent) == 1 && name == "bin" {
+                reply.entry(
+                    &Self::TTL,
+                    &Self::attr(fuser::INodeNo(2)),
+                    fuser::Generation(0),
+                );
+            } else {
+                reply.error(fuser::Errno::ENOENT);
+            }
+        }
+
+        fn getattr(
+            &self,
+            _: &fuser::Request,
+            ino: fuser::INodeNo,
+            _: Option<fuser::FileHandle>,
+            reply: fuser::ReplyAttr,
+        ) {
+            match u64::from(ino) {
+                1 | 2 => reply.attr(&Self::TTL, &Self::attr(ino)),
+                _ => reply.error(fuser::Errno::ENOENT),
+            }
+        }
+
+        fn open(
+            &self,
+            _: &fuser::Request,
+            _: fuser::INodeNo,
+            _: fuser::OpenFlags,
+            reply: fuser::ReplyOpen,
+        ) {
+            if self.opens.fetch_add(1, Ordering::AcqRel) == 0 {
+                reply.opened(fuser::FileHandle(1), fuser::FopenFlags::empty());
+            } else if let Ok(mut held) = self.held.lock() {
+                held.push(reply);
+            }
+        }
+    }
+
+    /// Lets the opens [`Stalling`] holds go, when dropped: a test that
+    /// fails while the answering thread waits for one must not hang in
+    /// stopping it.
+    struct Release(Arc<std::sync::Mutex<Vec<fuser::ReplyOpen>>>);
+
+    impl Release {
+        /// How many opens it let go.
+        fn now(&self) -> usize {
+            let held: Vec<_> = self
+                .0
+                .lock()
+                .map(|mut h| h.drain(..).collect())
+                .unwrap_or_default();
+            let n = held.len();
+            for reply in held {
+                reply.opened(fuser::FileHandle(2), fuser::FopenFlags::empty());
+            }
+            n
+        }
+    }
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.now();
+        }
+    }
+
+    /// A read that hangs inside the kernel while it opens an event's file
+    /// (a runtime binary on a stalled FUSE or NFS mount) fails /healthz.
+    /// Here the file sits on [`Stalling`], marked `FAN_OPEN`: the test's
+    /// open raises the event, and the kernel's open of the file for it,
+    /// inside the thread's `read`, waits for a daemon that does not answer.
+    fn a_stuck_read_is_seen(test: &str, wake: impl FnOnce(&Fanotify) -> std::io::Result<File>) {
+        if !root(test) {
+            return;
+        }
+        let mnt = tempfile::tempdir().expect("tempdir");
+        let held: Arc<std::sync::Mutex<_>> = Arc::default();
+        let fs = Stalling {
+            opens: Default::default(),
+            held: Arc::clone(&held),
+        };
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![fuser::MountOption::FSName("lookout-stalling".into())];
+        let session = fuser::spawn_mount(fs, mnt.path(), &config).expect("mount FUSE as root");
+        let bin = mnt.path().join("bin");
+        let group = group();
+        let wake = wake(&group);
+        let blocking = wake.is_ok();
+        let (mut answerer, counters) = answerer(&group, wake);
+        // Dropped before the answerer, whatever happens.
+        let release = Release(held);
+        let health = counters.health();
+        // The stuck-read indicator for this mode: the probe where the
+        // thread blocks in `read`, the batch's age where it polls.
+        let stuck = || {
+            if blocking {
+                health.reads_stalled()
+            } else {
+                health.permission_thread_busy()
+            }
+        };
+        assert_eq!(stuck(), None, "nothing stuck before the test begins");
+        group
+            .add_mark(&bin, MarkFlags::empty(), Mask::OPEN)
+            .expect("mark the FUSE file");
+        drop(File::open(&bin).expect("the daemon's first open"));
+        wait_for("the stuck read seen", || {
+            stuck().is_some_and(|d| d >= Duration::from_secs(1))
+        });
+        // No event after this one (the thread would wait again), then the
+        // daemon answers: the read returns.
+        group
+            .remove_mark(&bin, MarkFlags::empty(), Mask::OPEN)
+            .expect("unmark the FUSE file");
+        assert_ne!(
+            release.now(),
+            0,
+            "the thread's open never reached the daemon"
+        );
+        wait_for("the read going on", || {
+            stuck().is_none_or(|d| d < Duration::from_secs(1))
+        });
+        within_5s("stopping the answerer", move || answerer.stop());
+        assert_eq!(
+            health.reads_stalled(),
+            None,
+            "a stopped thread is not probed"
+        );
+        drop(session);
+    }
+
+    #[test]
+    fn blocking_in_read_a_read_stuck_opening_a_file_is_seen_by_the_probe() {
+        a_stuck_read_is_seen(
+            "blocking_in_read_a_read_stuck_opening_a_file_is_seen_by_the_probe",
+            |g| {
+                let file = wake_file(g);
+                assert!(file.is_ok(), "no wake-up event on this kernel: {file:?}");
+                file
+            },
+        );
+    }
+
+    #[test]
+    fn polling_a_read_stuck_opening_a_file_counts_as_busy() {
+        a_stuck_read_is_seen("polling_a_read_stuck_opening_a_file_counts_as_busy", |_| {
+            Err(std::io::Error::other("told to poll"))
+        });
     }
 }

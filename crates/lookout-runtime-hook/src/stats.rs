@@ -2,8 +2,10 @@
 //! module: the answering thread (`answer`) and the hook's task (`hook`)
 //! both use it, and it uses neither.
 
-use std::sync::Arc;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lookout_fanotify::Permission;
@@ -144,6 +146,10 @@ impl std::fmt::Debug for Health {
         f.debug_struct("Health")
             .field("oldest_unanswered", &self.oldest_unanswered())
             .field("permission_thread_busy", &self.permission_thread_busy())
+            .field(
+                "probe_sent",
+                &self.counters.probe.sent.load(Ordering::Relaxed),
+            )
             .finish()
     }
 }
@@ -178,6 +184,93 @@ impl Health {
         let now = stamp(self.counters.outstanding.base, Instant::now());
         Some(Duration::from_nanos(now.saturating_sub(since)))
     }
+
+    /// How long the permission thread has left a probe of its queue
+    /// unread; `None` when no probe waits. Each call without one waiting
+    /// sends one (at most one a second): an event queued in the thread's
+    /// fanotify group behind every runtime exec already there, which the
+    /// thread marks as read when it reads it.
+    ///
+    /// This sees what [`permission_thread_busy`](Self::permission_thread_busy)
+    /// cannot: the thread blocks in `read(2)` while it waits for events,
+    /// and the kernel opens each event's file inside that same `read`, so
+    /// a read stuck in that open (a runtime binary on a stalled network or
+    /// FUSE file system) looks like an idle thread. Always `None` where
+    /// the thread polls its group instead (it then counts itself busy
+    /// before each read) or no thread runs.
+    pub fn reads_stalled(&self) -> Option<Duration> {
+        let probe = &self.counters.probe;
+        let now = stamp(self.counters.outstanding.base, Instant::now());
+        let sent = probe.sent.load(Ordering::Acquire);
+        if sent != 0 {
+            return Some(Duration::from_nanos(now.saturating_sub(sent)));
+        }
+        probe.send(now);
+        None
+    }
+}
+
+/// The probe of the permission thread's reads (see
+/// [`Health::reads_stalled`]).
+#[derive(Default)]
+pub(crate) struct Probe {
+    /// When the probe that waits was sent (a [`stamp`]); 0: none waits.
+    sent: AtomicU64,
+    /// When the last one was sent, to send at most one a second whoever
+    /// asks `/healthz` how often.
+    last: AtomicU64,
+    /// The answering thread's wake-up file: a write to it queues an event
+    /// in its group. `None` while no thread blocks in `read`. Locked only
+    /// by health checks and the thread's start and stop, never by the
+    /// thread.
+    file: Mutex<Option<Arc<File>>>,
+}
+
+impl Probe {
+    /// At most one probe a second: each one wakes the permission thread.
+    const INTERVAL_NS: u64 = 1_000_000_000;
+
+    /// Probes through `file` from now on (`None`: no more).
+    pub(crate) fn set_file(&self, file: Option<Arc<File>>) {
+        if let Ok(mut f) = self.file.lock() {
+            *f = file;
+        }
+        self.sent.store(0, Ordering::Release);
+    }
+
+    /// Sends a probe at `now` if none waits and the last one is a second
+    /// old.
+    fn send(&self, now: u64) {
+        let last = self.last.load(Ordering::Acquire);
+        if last != 0 && now.saturating_sub(last) < Self::INTERVAL_NS {
+            return;
+        }
+        let Ok(file) = self.file.lock() else {
+            return;
+        };
+        let Some(file) = file.as_ref() else {
+            return;
+        };
+        // One sender: concurrent health checks race for the slot.
+        if self
+            .sent
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        self.last.store(now, Ordering::Release);
+        if let Err(e) = file.write_all_at(b"p", 0) {
+            tracing::warn!(%e, "cannot probe the permission thread's reads");
+            self.sent.store(0, Ordering::Release);
+        }
+    }
+
+    /// The permission thread read a probe (or an overflow, which may have
+    /// taken its place): its reads go on.
+    pub(crate) fn read(&self) {
+        self.sent.store(0, Ordering::Release);
+    }
 }
 
 /// The hook's counters and health marks, shared by the permission thread
@@ -200,6 +293,8 @@ pub(crate) struct Counters {
     /// BPF argv records waiting for their exec's permission event, as the
     /// permission thread last left them.
     pub(crate) argv_waiting: AtomicU64,
+    /// See [`Health::reads_stalled`].
+    pub(crate) probe: Probe,
     errors: AtomicU64,
     slowest_us: AtomicU64,
 }
@@ -217,6 +312,7 @@ impl Counters {
             outstanding: Arc::new(Outstanding::new(Instant::now())),
             busy_since: AtomicU64::new(0),
             argv_waiting: AtomicU64::new(0),
+            probe: Probe::default(),
             unseen_dropped: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             slowest_us: AtomicU64::new(0),
