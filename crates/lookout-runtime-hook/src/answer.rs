@@ -629,10 +629,14 @@ mod tests {
             .expect("fanotify_init as root")
     }
 
-    /// An answering thread on `group`, woken through `wake`, and its
-    /// counters.
-    fn answerer(group: &Fanotify, wake: std::io::Result<File>) -> (Answerer, Arc<Counters>) {
-        let (tx, _rx) = mpsc::channel(16);
+    /// An answering thread on `group`, woken through `wake`, its counters,
+    /// and the task's end of its channel (keep it: closed, the thread's
+    /// hand-overs would fail at once).
+    fn answerer(
+        group: &Fanotify,
+        wake: std::io::Result<File>,
+    ) -> (Answerer, Arc<Counters>, mpsc::Receiver<Exec>) {
+        let (tx, rx) = mpsc::channel(16);
         let counters = Arc::new(Counters::new(None, Duration::from_secs(1)));
         let worker = Worker {
             group: group.share(),
@@ -642,7 +646,7 @@ mod tests {
             shared: Arc::default(),
             tx,
         };
-        (Answerer::start(worker, wake).expect("spawn"), counters)
+        (Answerer::start(worker, wake).expect("spawn"), counters, rx)
     }
 
     /// Polls `done` every 20 ms for 10 s at most; panics with `what` then.
@@ -673,7 +677,7 @@ mod tests {
         let group = group();
         let wake = wake(&group);
         let expect_read = wake.is_ok();
-        let (mut answerer, counters) = answerer(&group, wake);
+        let (mut answerer, counters, _rx) = answerer(&group, wake);
         assert_eq!(answerer.blocks_in_read(), expect_read);
         group
             .add_mark(&bin, MarkFlags::empty(), Mask::OPEN_EXEC_PERM)
@@ -729,7 +733,14 @@ mod tests {
     /// go: a stalled FUSE daemon, as far as opening that file goes.
     struct Stalling {
         opens: std::sync::atomic::AtomicU32,
-        held: Arc<std::sync::Mutex<Vec<fuser::ReplyOpen>>>,
+        held: Arc<std::sync::Mutex<Held>>,
+    }
+
+    /// The opens [`Stalling`] holds; once released, it holds none.
+    #[derive(Default)]
+    struct Held {
+        released: bool,
+        replies: Vec<fuser::ReplyOpen>,
     }
 
     impl Stalling {
@@ -800,29 +811,33 @@ mod tests {
             _: fuser::OpenFlags,
             reply: fuser::ReplyOpen,
         ) {
-            if self.opens.fetch_add(1, Ordering::AcqRel) == 0 {
+            let mut held = self
+                .held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if self.opens.fetch_add(1, Ordering::AcqRel) == 0 || held.released {
                 reply.opened(fuser::FileHandle(1), fuser::FopenFlags::empty());
-            } else if let Ok(mut held) = self.held.lock() {
-                held.push(reply);
+            } else {
+                held.replies.push(reply);
             }
         }
     }
 
-    /// Lets the opens [`Stalling`] holds go, when dropped: a test that
-    /// fails while the answering thread waits for one must not hang in
-    /// stopping it.
-    struct Release(Arc<std::sync::Mutex<Vec<fuser::ReplyOpen>>>);
+    /// Lets the opens [`Stalling`] holds go, and every later one, when
+    /// dropped at the latest: a test that fails while the answering thread
+    /// waits for one must not hang in stopping it.
+    struct Release(Arc<std::sync::Mutex<Held>>);
 
     impl Release {
         /// How many opens it let go.
         fn now(&self) -> usize {
-            let held: Vec<_> = self
+            let mut held = self
                 .0
                 .lock()
-                .map(|mut h| h.drain(..).collect())
-                .unwrap_or_default();
-            let n = held.len();
-            for reply in held {
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            held.released = true;
+            let n = held.replies.len();
+            for reply in held.replies.drain(..) {
                 reply.opened(fuser::FileHandle(2), fuser::FopenFlags::empty());
             }
             n
@@ -845,7 +860,7 @@ mod tests {
             return;
         }
         let mnt = tempfile::tempdir().expect("tempdir");
-        let held: Arc<std::sync::Mutex<_>> = Arc::default();
+        let held: Arc<std::sync::Mutex<Held>> = Arc::default();
         let fs = Stalling {
             opens: Default::default(),
             held: Arc::clone(&held),
@@ -857,7 +872,7 @@ mod tests {
         let group = group();
         let wake = wake(&group);
         let blocking = wake.is_ok();
-        let (mut answerer, counters) = answerer(&group, wake);
+        let (mut answerer, counters, _rx) = answerer(&group, wake);
         // Dropped before the answerer, whatever happens.
         let release = Release(held);
         let health = counters.health();
@@ -870,11 +885,15 @@ mod tests {
                 health.permission_thread_busy()
             }
         };
+        // (Blocking in read, this sends the first probe.)
         assert_eq!(stuck(), None, "nothing stuck before the test begins");
         group
             .add_mark(&bin, MarkFlags::empty(), Mask::OPEN)
             .expect("mark the FUSE file");
-        drop(File::open(&bin).expect("the daemon's first open"));
+        let path = bin.clone();
+        within_5s("the daemon's first open", move || {
+            drop(File::open(path).expect("the daemon's first open"));
+        });
         wait_for("the stuck read seen", || {
             stuck().is_some_and(|d| d >= Duration::from_secs(1))
         });

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lookout_fanotify::Permission;
@@ -134,8 +134,8 @@ impl Outstanding {
 }
 
 /// What `/healthz` needs to know about the runtime hook, readable from any
-/// thread without a lock. Get one with
-/// [`RuntimeHook::health`](crate::RuntimeHook::health).
+/// thread; the permission thread itself only stores to atomics for it.
+/// Get one with [`RuntimeHook::health`](crate::RuntimeHook::health).
 #[derive(Clone)]
 pub struct Health {
     counters: Arc<Counters>,
@@ -146,10 +146,7 @@ impl std::fmt::Debug for Health {
         f.debug_struct("Health")
             .field("oldest_unanswered", &self.oldest_unanswered())
             .field("permission_thread_busy", &self.permission_thread_busy())
-            .field(
-                "probe_sent",
-                &self.counters.probe.sent.load(Ordering::Relaxed),
-            )
+            .field("probe_waiting", &self.probe_waiting())
             .finish()
     }
 }
@@ -187,26 +184,42 @@ impl Health {
 
     /// How long the permission thread has left a probe of its queue
     /// unread; `None` when no probe waits. Each call without one waiting
-    /// sends one (at most one a second): an event queued in the thread's
-    /// fanotify group behind every runtime exec already there, which the
-    /// thread marks as read when it reads it.
+    /// sends one (at most one a second, whoever calls): an event queued in
+    /// the thread's fanotify group behind every runtime exec already
+    /// there, which the thread marks as read when it reads it. A probe
+    /// that waits is written again (at most once a second): the kernel
+    /// can drop its event (no fd left to open the file for it), and one
+    /// lost must not fail health for good; the copy merges with the event
+    /// when that still waits. Takes a lock shared with the thread's start
+    /// and stop only, and makes one `write(2)` to a memfd.
     ///
     /// This sees what [`permission_thread_busy`](Self::permission_thread_busy)
     /// cannot: the thread blocks in `read(2)` while it waits for events,
     /// and the kernel opens each event's file inside that same `read`, so
     /// a read stuck in that open (a runtime binary on a stalled network or
-    /// FUSE file system) looks like an idle thread. Always `None` where
-    /// the thread polls its group instead (it then counts itself busy
-    /// before each read) or no thread runs.
+    /// FUSE file system) looks like an idle thread. It is seen once a probe
+    /// sent after the read stuck has waited long enough: a caller that asks
+    /// every P seconds, with a bound of B, sees it within about P + B.
+    /// Always `None` where the thread polls its group instead (it then
+    /// counts itself busy from the moment poll says events wait, before its
+    /// read) or no thread runs.
     pub fn reads_stalled(&self) -> Option<Duration> {
         let probe = &self.counters.probe;
         let now = stamp(self.counters.outstanding.base, Instant::now());
-        let sent = probe.sent.load(Ordering::Acquire);
-        if sent != 0 {
-            return Some(Duration::from_nanos(now.saturating_sub(sent)));
-        }
+        let waited = self.probe_waiting_at(now);
         probe.send(now);
-        None
+        waited
+    }
+
+    fn probe_waiting(&self) -> Option<Duration> {
+        self.probe_waiting_at(stamp(self.counters.outstanding.base, Instant::now()))
+    }
+
+    fn probe_waiting_at(&self, now: u64) -> Option<Duration> {
+        match self.counters.probe.sent.load(Ordering::Acquire) {
+            0 => None,
+            sent => Some(Duration::from_nanos(now.saturating_sub(sent))),
+        }
     }
 }
 
@@ -216,8 +229,8 @@ impl Health {
 pub(crate) struct Probe {
     /// When the probe that waits was sent (a [`stamp`]); 0: none waits.
     sent: AtomicU64,
-    /// When the last one was sent, to send at most one a second whoever
-    /// asks `/healthz` how often.
+    /// When a probe was last written, to write at most one a second
+    /// whoever asks `/healthz` how often.
     last: AtomicU64,
     /// The answering thread's wake-up file: a write to it queues an event
     /// in its group. `None` while no thread blocks in `read`. Locked only
@@ -227,42 +240,53 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// At most one probe a second: each one wakes the permission thread.
+    /// At most one write a second: each one wakes the permission thread.
     const INTERVAL_NS: u64 = 1_000_000_000;
 
     /// Probes through `file` from now on (`None`: no more).
     pub(crate) fn set_file(&self, file: Option<Arc<File>>) {
-        if let Ok(mut f) = self.file.lock() {
-            *f = file;
-        }
+        *self.file.lock().unwrap_or_else(PoisonError::into_inner) = file;
         self.sent.store(0, Ordering::Release);
     }
 
-    /// Sends a probe at `now` if none waits and the last one is a second
-    /// old.
+    /// Writes a probe at `now` unless one was written within the last
+    /// second: a new one if none waits, the one that waits again if not.
     fn send(&self, now: u64) {
         let last = self.last.load(Ordering::Acquire);
         if last != 0 && now.saturating_sub(last) < Self::INTERVAL_NS {
             return;
         }
-        let Ok(file) = self.file.lock() else {
-            return;
-        };
-        let Some(file) = file.as_ref() else {
-            return;
-        };
-        // One sender: concurrent health checks race for the slot.
+        // One writer a second, however many ask at once.
         if self
-            .sent
-            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+            .last
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
             return;
         }
-        self.last.store(now, Ordering::Release);
-        if let Err(e) = file.write_all_at(b"p", 0) {
+        let written = {
+            let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(file) = file.as_ref() else {
+                return;
+            };
+            // Stamped before the write: the thread may read the event
+            // before this call goes on. A probe already waiting keeps its
+            // stamp (it is the one late).
+            let new = self
+                .sent
+                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            let written = file.write_all_at(b"p", 0);
+            if written.is_err() && new {
+                // Not sent: not waited for either.
+                let _ = self
+                    .sent
+                    .compare_exchange(now, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+            written
+        };
+        if let Err(e) = written {
             tracing::warn!(%e, "cannot probe the permission thread's reads");
-            self.sent.store(0, Ordering::Release);
         }
     }
 
@@ -419,5 +443,68 @@ impl Counters {
         Health {
             counters: Arc::clone(self),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe_on(file: File) -> Probe {
+        let probe = Probe::default();
+        probe.set_file(Some(Arc::new(file)));
+        probe
+    }
+
+    fn state(p: &Probe) -> (u64, u64) {
+        (
+            p.sent.load(Ordering::Relaxed),
+            p.last.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn a_probe_is_written_once_a_second_and_a_waiting_one_keeps_its_stamp() {
+        let probe = probe_on(tempfile::tempfile().expect("tempfile"));
+        let s = Probe::INTERVAL_NS;
+        probe.send(1);
+        assert_eq!(state(&probe), (1, 1), "the first probe");
+        probe.send(1 + s / 2);
+        assert_eq!(state(&probe), (1, 1), "no second write within the second");
+        // Not read yet: written again (its event may have been lost), and
+        // still as late as the first write.
+        probe.send(1 + s + 1);
+        assert_eq!(
+            state(&probe),
+            (1, 1 + s + 1),
+            "written again, first stamp kept"
+        );
+        probe.read();
+        probe.send(1 + s + 2);
+        assert_eq!(
+            state(&probe),
+            (0, 1 + s + 1),
+            "none within the second after a read"
+        );
+        probe.send(2 + 2 * s);
+        assert_eq!(state(&probe), (2 + 2 * s, 2 + 2 * s), "the next probe");
+        probe.set_file(None);
+        probe.send(3 + 4 * s);
+        assert_eq!(probe.sent.load(Ordering::Relaxed), 0, "no thread, no probe");
+    }
+
+    #[test]
+    fn a_probe_that_cannot_be_written_is_not_waited_for() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("wake");
+        std::fs::write(&path, b"x").expect("write");
+        // Read-only: every write fails.
+        let probe = probe_on(File::open(&path).expect("open"));
+        probe.send(1);
+        assert_eq!(
+            state(&probe),
+            (0, 1),
+            "a failed write leaves no probe waiting"
+        );
     }
 }
