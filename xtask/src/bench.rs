@@ -894,6 +894,15 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
         shared[k] = [idle_5s, discovery_us, churn, memory];
     }
     let churn_floor = churn_floor(opts, paths, first_floor)?;
+    // Side by side, the discovery rows come from containers interleaved
+    // between the agents; the shared agent's run above stays (what the
+    // memory row measures follows it) as `discovery_shared_us`.
+    if n > 1 {
+        let interleaved = discovery_interleaved(opts, paths, agents)?;
+        for (shared, d) in shared.iter_mut().zip(interleaved) {
+            shared[1] = json!({"interleaved": d, "shared": shared[1].take()});
+        }
+    }
     // Consumers: gate subscribers and watchers (issue #12).
     let mut consumer_reports = vec![Value::Null; n];
     for k in order(2) {
@@ -909,7 +918,17 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
         .zip(shared)
         .zip(consumer_reports)
     {
-        let [idle_5s, discovery_us, churn, memory] = shared;
+        let [idle_5s, mut discovery_us, churn, memory] = shared;
+        let discovery_shared_us = match discovery_us.get_mut("interleaved") {
+            Some(d) => {
+                let d = d.take();
+                std::mem::replace(&mut discovery_us, d)
+                    .get_mut("shared")
+                    .map(Value::take)
+                    .unwrap_or_default()
+            }
+            None => Value::Null,
+        };
         reports.push(entries([
             ("kernel", json!(kernel.trim())),
             ("cpus", json!(cpus)),
@@ -917,11 +936,17 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
             ("startup_ms", startup_ms),
             ("idle_5s", idle_5s),
             ("discovery_us", discovery_us),
+            ("discovery_shared_us", discovery_shared_us),
             ("churn", churn),
             ("churn_floor", churn_floor.clone()),
             ("memory_heavy_annotations", memory),
             ("consumers", consumer_report),
         ]));
+    }
+    for r in &mut reports {
+        if r.get("discovery_shared_us").is_some_and(Value::is_null) {
+            r.remove("discovery_shared_us");
+        }
     }
     Ok(reports)
 }
@@ -1170,6 +1195,95 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
             opts.latency
         ),
     );
+    Ok(discovery_block(work, agent, "bench-lat", opts.latency)?.report())
+}
+
+/// Blocks the agents take turns in for the interleaved discovery
+/// measurement, and containers per block each agent starts with and does
+/// not count (the first after a start faults its code in).
+const DISCOVERY_BLOCKS: usize = 10;
+const DISCOVERY_WARM_UP: usize = 2;
+
+/// Discovery latency of each of `agents`, their containers interleaved:
+/// `opts.latency` per agent in [`DISCOVERY_BLOCKS`] blocks, the agents
+/// taking turns block by block (each started afresh for its block, the
+/// order turning round), so that what the machine does meanwhile falls on
+/// both alike. Measured for `--against`: one agent's 200 sequential
+/// containers after the other's moved both the lags and their floor by
+/// more than the agents differ.
+fn discovery_interleaved(
+    opts: &Options,
+    paths: &Paths,
+    agents: &[&Path],
+) -> anyhow::Result<Vec<Value>> {
+    let n = agents.len();
+    let per = opts.latency.div_ceil(DISCOVERY_BLOCKS).max(1);
+    say(
+        "bench",
+        &format!(
+            "discovery latency, interleaved: {} containers per agent, in {DISCOVERY_BLOCKS} \
+             blocks of {per} each agent takes turns in",
+            per * DISCOVERY_BLOCKS
+        ),
+    );
+    let mut all: Vec<Lags> = (0..n).map(|_| Lags::default()).collect();
+    for b in 0..DISCOVERY_BLOCKS {
+        for k in (0..n).map(|k| (k + b) % n) {
+            let (agent, _) = Agent::start(agents[k], &paths.work, &[])?;
+            discovery_block(
+                &paths.work,
+                &agent,
+                &format!("bench-ilat-w{b}-{k}"),
+                DISCOVERY_WARM_UP,
+            )?;
+            let lags = discovery_block(&paths.work, &agent, &format!("bench-ilat{b}-{k}"), per)?;
+            agent.stop();
+            all[k].extend(lags);
+        }
+    }
+    Ok(all.into_iter().map(|l| l.report()).collect())
+}
+
+/// What a discovery run measured, in microseconds.
+#[derive(Default)]
+struct Lags {
+    create_exec_to_added: Vec<f64>,
+    create_exit_to_added: Vec<f64>,
+    exit_to_removed: Vec<f64>,
+    floor_added: Vec<f64>,
+    floor_removed: Vec<f64>,
+    missing_added: usize,
+    missing_removed: usize,
+}
+
+impl Lags {
+    fn extend(&mut self, o: Lags) {
+        self.create_exec_to_added.extend(o.create_exec_to_added);
+        self.create_exit_to_added.extend(o.create_exit_to_added);
+        self.exit_to_removed.extend(o.exit_to_removed);
+        self.floor_added.extend(o.floor_added);
+        self.floor_removed.extend(o.floor_removed);
+        self.missing_added += o.missing_added;
+        self.missing_removed += o.missing_removed;
+    }
+
+    fn report(&self) -> Value {
+        json!({
+            "missing": {"added": self.missing_added, "removed": self.missing_removed},
+            "create_exec_to_added": stats(&self.create_exec_to_added),
+            "create_exit_to_added": stats(&self.create_exit_to_added),
+            "exit_to_removed": stats(&self.exit_to_removed),
+            "floor": {
+                "create_exit_to_state_read": stats(&self.floor_added),
+                "exit_to_woken": stats(&self.floor_removed),
+            },
+        })
+    }
+}
+
+/// `count` sequential runc containers (`sleep 0.05`, ids `<prefix>-<i>`)
+/// under `agent`, and the lags of its events behind them; then deleted.
+fn discovery_block(work: &Path, agent: &Agent, prefix: &str, count: usize) -> anyhow::Result<Lags> {
     let b = work.join("bundle-lat");
     busybox_bundle(&b, &["sleep", "0.05"])?;
     let bs = utf8(&b)?;
@@ -1179,8 +1293,8 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
     // The floor of both lags: a thread that waits for the same exits and
     // does the least the agent must (reads the state file after create).
     let (mut floor_added, mut floor_removed) = (Vec::new(), Vec::new());
-    for i in 0..opts.latency {
-        let id = format!("bench-lat-{i}");
+    for i in 0..count {
+        let id = format!("{prefix}-{i}");
         let pidfile = work.join(format!("{id}.pid"));
         exec_at.insert(id.clone(), now_ns());
         let mut create = Command::new("runc")
@@ -1227,20 +1341,19 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
     }
     let ev = agent.events();
     let (missing_added, missing_removed) = missing(&ev);
-    let v = json!({
-        "missing": {"added": missing_added, "removed": missing_removed},
-        "create_exec_to_added": stats(&lags(&exec_at, &ev, Kind::Added)),
-        "create_exit_to_added": stats(&lags(&created_at, &ev, Kind::Added)),
-        "exit_to_removed": stats(&lags(&exited_at, &ev, Kind::Removed)),
-        "floor": {
-            "create_exit_to_state_read": stats(&floor_added),
-            "exit_to_woken": stats(&floor_removed),
-        },
-    });
+    let lags = Lags {
+        create_exec_to_added: lags(&exec_at, &ev, Kind::Added),
+        create_exit_to_added: lags(&created_at, &ev, Kind::Added),
+        exit_to_removed: lags(&exited_at, &ev, Kind::Removed),
+        floor_added,
+        floor_removed,
+        missing_added,
+        missing_removed,
+    };
     for id in created_at.keys() {
         runc(&["delete", "--force", id]);
     }
-    Ok(v)
+    Ok(lags)
 }
 
 /// Events by container id: (added ns, removed ns), as [`Agent::events`]
