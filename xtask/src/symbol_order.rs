@@ -245,20 +245,32 @@ pub fn linker_order(nm: &str, binary: &Path, dir: &Path) -> anyhow::Result<Optio
 /// body with several names, and a name the file does not give can share
 /// the body of one it does.)
 pub fn is_laid_out(nm: &str, binary: &Path, order: &Path) -> anyhow::Result<bool> {
+    let (start, bodies) = listed_bodies(nm, binary, order)?;
+    let size: u64 = bodies.values().sum();
+    let first = bodies.keys().filter(|a| **a < start + size).count();
+    Ok(!bodies.is_empty() && first * 10 >= bodies.len() * 9)
+}
+
+/// The start of `binary`'s text, and the bodies (address, size) of the
+/// functions the list `order` names: one per address, since identical
+/// code folding gives one body several names.
+fn listed_bodies(
+    nm: &str,
+    binary: &Path,
+    order: &Path,
+) -> anyhow::Result<(u64, HashMap<u64, u64>)> {
     let listed: std::collections::HashSet<String> = std::fs::read_to_string(order)?
         .lines()
         .map(str::to_owned)
         .collect();
     let syms = text_symbols(nm, binary)?;
     let start = syms.iter().map(|s| s.addr).min().unwrap_or(0);
-    let bodies: HashMap<u64, u64> = syms
+    let bodies = syms
         .iter()
         .filter(|s| listed.contains(&s.name))
         .map(|s| (s.addr, s.size))
         .collect();
-    let size: u64 = bodies.values().sum();
-    let first = bodies.keys().filter(|a| **a < start + size).count();
-    Ok(!bodies.is_empty() && first * 10 >= bodies.len() * 9)
+    Ok((start, bodies))
 }
 
 /// Whether `binary` was linked by lld (`.comment`), the only linker of the
@@ -530,17 +542,7 @@ fn check(binary: &Path, work: &Path, containers: u32) -> anyhow::Result<()> {
     let Some(order) = linker_order("nm", binary, work)? else {
         bail!("no {ORDER_FILE}: run `sudo -E cargo xtask symbol-order` to make it");
     };
-    let listed: std::collections::HashSet<String> = std::fs::read_to_string(&order.file)?
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let syms = text_symbols("nm", binary)?;
-    let start = syms.iter().map(|s| s.addr).min().unwrap_or(0);
-    let bodies: HashMap<u64, u64> = syms
-        .iter()
-        .filter(|s| listed.contains(&s.name))
-        .map(|s| (s.addr, s.size))
-        .collect();
+    let (start, bodies) = listed_bodies("nm", binary, &order.file)?;
     let end = start + bodies.values().sum::<u64>();
     let run = || -> anyhow::Result<Vec<u64>> {
         let pages = resident_pages(binary, work, containers, true)?;
