@@ -1195,7 +1195,8 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
             opts.latency
         ),
     );
-    Ok(discovery_block(work, agent, "bench-lat", opts.latency)?.report())
+    let bundle = latency_bundle(work)?;
+    Ok(discovery_block(work, &bundle, agent, "bench-lat", opts.latency)?.report())
 }
 
 /// Blocks the agents take turns in for the interleaved discovery
@@ -1226,17 +1227,25 @@ fn discovery_interleaved(
             per * DISCOVERY_BLOCKS
         ),
     );
+    let bundle = latency_bundle(&paths.work)?;
     let mut all: Vec<Lags> = (0..n).map(|_| Lags::default()).collect();
     for b in 0..DISCOVERY_BLOCKS {
         for k in (0..n).map(|k| (k + b) % n) {
             let (agent, _) = Agent::start(agents[k], &paths.work, &[])?;
             discovery_block(
                 &paths.work,
+                &bundle,
                 &agent,
                 &format!("bench-ilat-w{b}-{k}"),
                 DISCOVERY_WARM_UP,
             )?;
-            let lags = discovery_block(&paths.work, &agent, &format!("bench-ilat{b}-{k}"), per)?;
+            let lags = discovery_block(
+                &paths.work,
+                &bundle,
+                &agent,
+                &format!("bench-ilat{b}-{k}"),
+                per,
+            )?;
             agent.stop();
             all[k].extend(lags);
         }
@@ -1281,12 +1290,23 @@ impl Lags {
     }
 }
 
-/// `count` sequential runc containers (`sleep 0.05`, ids `<prefix>-<i>`)
-/// under `agent`, and the lags of its events behind them; then deleted.
-fn discovery_block(work: &Path, agent: &Agent, prefix: &str, count: usize) -> anyhow::Result<Lags> {
+/// The discovery containers' bundle (`sleep 0.05`), made once per run.
+fn latency_bundle(work: &Path) -> anyhow::Result<PathBuf> {
     let b = work.join("bundle-lat");
     busybox_bundle(&b, &["sleep", "0.05"])?;
-    let bs = utf8(&b)?;
+    Ok(b)
+}
+
+/// `count` sequential runc containers of `bundle` (ids `<prefix>-<i>`)
+/// under `agent`, and the lags of its events behind them; then deleted.
+fn discovery_block(
+    work: &Path,
+    bundle: &Path,
+    agent: &Agent,
+    prefix: &str,
+    count: usize,
+) -> anyhow::Result<Lags> {
+    let bs = utf8(bundle)?;
     let mut created_at = HashMap::new();
     let mut exec_at = HashMap::new();
     let mut exited_at = HashMap::new();
