@@ -326,15 +326,37 @@ impl Floor {
         self.child.id()
     }
 
-    /// Starts `bin` on `marked` and waits for its `ready` line (its log in
-    /// `dir/floor.err`).
+    /// Starts the allow-all responder on `marked` and waits for its `ready`
+    /// line (its log in `dir/floor.err`).
     fn start(bin: &Path, marked: &[&Path], dir: &Path) -> anyhow::Result<Floor> {
+        Self::start_with(bin, marked, dir, None)
+    }
+
+    /// Starts the work floor on `marked` (the BPF object first), its events
+    /// in `dir/floor.out`, and waits for its `ready` line.
+    fn start_work(floors: &Floors, marked: &Path, dir: &Path) -> anyhow::Result<Floor> {
+        let out = dir.join("floor.out");
+        Self::start_with(&floors.work, &[&floors.bpf_object, marked], dir, Some(&out))
+    }
+
+    /// Starts `bin` with `args`, its stdout in `out` (or nowhere), and waits
+    /// for its `ready` line (its log in `dir/floor.err`).
+    fn start_with(
+        bin: &Path,
+        args: &[&Path],
+        dir: &Path,
+        out: Option<&Path>,
+    ) -> anyhow::Result<Floor> {
         std::fs::create_dir_all(dir)?;
         let err = dir.join("floor.err");
+        let stdout = match out {
+            Some(o) => Stdio::from(std::fs::File::create(o)?),
+            None => Stdio::null(),
+        };
         let child = Command::new(bin)
-            .args(marked)
+            .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(std::fs::File::create(&err)?)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
@@ -732,7 +754,7 @@ enum Needs {
     Nothing,
     /// The BPF object and the agent (built as the image builds it).
     Agent,
-    /// Those, and the allow-all floor responder.
+    /// Those, and the floor responders (allow-all, and the work floor).
     AgentAndFloor,
 }
 
@@ -749,6 +771,7 @@ fn build(needs: Needs) -> anyhow::Result<()> {
     }
     if needs >= Needs::AgentAndFloor {
         build_release(&["-p", "lookout-fanotify", "--example", "allow_all"])?;
+        build_release(&["-p", "lookout-runtime-hook", "--example", "work_floor"])?;
     }
     Ok(())
 }
@@ -766,12 +789,25 @@ fn build_release(args: &[&str]) -> anyhow::Result<()> {
 /// that `cargo xtask image` and the bench share their build.
 const IMAGE_TARGET: &str = "target/image/build";
 
+/// The responders measured beside the agent, as floors of its figures.
+struct Floors {
+    /// The allow-all responder (lookout-fanotify's `allow_all` example):
+    /// what any exec-permission listener pays.
+    allow_all: PathBuf,
+    /// The work floor (lookout-runtime-hook's `work_floor` example): the
+    /// agent's work per container on one thread, with none of its safety
+    /// boundaries.
+    work: PathBuf,
+    /// The BPF object the work floor loads (the agent's argv capture).
+    bpf_object: PathBuf,
+}
+
 /// Where the benchmark finds its binaries and writes its files.
 struct Paths {
     /// The agent, built as the image builds it (with its symbols).
     lookout: PathBuf,
-    /// The allow-all floor responder (lookout-fanotify's example).
-    floor: PathBuf,
+    /// The floor responders.
+    floors: Floors,
     /// target/bench, where report.json goes.
     out_dir: PathBuf,
     /// target/bench/work, the scratch directory.
@@ -784,7 +820,11 @@ impl Paths {
         let out_dir = root.join("target/bench");
         Paths {
             lookout: crate::image::agent_binary(&root.join(IMAGE_TARGET)),
-            floor: root.join("target/release/examples/allow_all"),
+            floors: Floors {
+                allow_all: root.join("target/release/examples/allow_all"),
+                work: root.join("target/release/examples/work_floor"),
+                bpf_object: root.join("target/bpf/lookout-ebpf.o"),
+            },
             work: out_dir.join("work"),
             out_dir,
         }
@@ -801,7 +841,7 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
     if let Some(out) = &opts.consumers_out {
         let v = consumers::bench_consumers(
             opts.agent.as_deref().unwrap_or(&paths.lookout),
-            &paths.floor,
+            &paths.floors,
             &paths.work.join("consumers"),
             opts.gate_rounds,
             opts.watch_churn,
@@ -989,7 +1029,7 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
             opts.rounds * opts.execs
         ),
     );
-    let f = Floor::start(&paths.floor, &[&floor_noop], &work.join("floor"))?;
+    let f = Floor::start(&paths.floors.allow_all, &[&floor_noop], &work.join("floor"))?;
     let (a, _) = Agent::start(lookout, work, &["--runtime-path", fake_s])?;
     // The three files must be in the same page-cache state: a file that
     // `cp` or the linker just wrote sits in the cache in other folio sizes
@@ -1469,46 +1509,71 @@ fn churn(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value> {
     }))
 }
 
-/// One sample of the churn's floor: the same number of containers created
-/// and started by the same workers with no agent, under the allow-all floor
-/// responder marking runc, and that responder's CPU per container. It
-/// answers runc's execs (create, init, start) and nothing else: what any
-/// exec-permission listener pays per container on this machine, below
-/// which the agent's churn CPU cannot go.
+/// One sample of the churn's floors: the same number of containers created
+/// and started by the same workers with no agent, under each floor
+/// responder alone marking runc, and its CPU per container. The allow-all
+/// responder answers runc's execs (create, init, start) and nothing else:
+/// what any exec-permission listener pays per container on this machine,
+/// below which the agent's churn CPU cannot go. The work floor does the
+/// agent's work for each container (argv, config.json, state file, /proc,
+/// an `added` line) on its one thread, with none of the agent's safety
+/// boundaries.
 fn churn_floor_sample(opts: &Options, paths: &Paths, when: &str) -> anyhow::Result<Value> {
     say(
         "bench",
         &format!(
-            "churn floor ({when} the agents'): {} containers by {WORKERS} workers under the allow-all responder alone",
+            "churn floors ({when} the agents'): {} containers by {WORKERS} workers under the allow-all responder alone, then under the work floor",
             opts.churn
         ),
     );
     let runc = in_path("runc")?;
-    let floor = Floor::start(&paths.floor, &[&runc], &paths.work.join("floor"))?;
     let b = paths.work.join("bundle-floor");
     busybox_bundle(&b, &["sleep", "20"])?;
     let bs = utf8(&b)?;
-    let ids = container_ids(&format!("bench-floor-{when}"), opts.churn);
-    let failed = std::sync::atomic::AtomicUsize::new(0);
-    let c0 = floor.cpu_s();
-    on_workers(&ids, |id| {
-        if !create_and_start(bs, id) {
-            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut samples = Vec::new();
+    for work in [false, true] {
+        let dir = paths.work.join(if work { "work-floor" } else { "floor" });
+        let floor = if work {
+            Floor::start_work(&paths.floors, &runc, &dir)?
+        } else {
+            Floor::start(&paths.floors.allow_all, &[&runc], &dir)?
+        };
+        let prefix = format!("bench-floor-{when}-{}", if work { "w" } else { "a" });
+        let ids = container_ids(&prefix, opts.churn);
+        let failed = std::sync::atomic::AtomicUsize::new(0);
+        let c0 = floor.cpu_s();
+        on_workers(&ids, |id| {
+            if !create_and_start(bs, id) {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let cpu = floor.cpu_s() - c0;
+        drop(floor);
+        on_workers(&ids, delete);
+        let failed = failed.into_inner();
+        // Per container that was created and started (a failed one may
+        // have cost the responder less).
+        let done = opts.churn.saturating_sub(failed).max(1);
+        let mut v = json!({
+            "create_start_failed": failed,
+            "cpu_s": cpu,
+            "cpu_per_container_ms": cpu * 1e3 / done as f64,
+        });
+        if work {
+            // It did the work: an `added` line for each container.
+            let out = std::fs::read_to_string(dir.join("floor.out")).unwrap_or_default();
+            v["added_lines"] = json!(
+                out.lines()
+                    .filter(|l| l.contains("\"added\"") && l.contains(&prefix))
+                    .count()
+            );
         }
-    });
-    let cpu = floor.cpu_s() - c0;
-    drop(floor);
-    on_workers(&ids, delete);
-    let failed = failed.into_inner();
-    // Per container that was created and started (a failed one may have
-    // cost the responder less).
-    let done = opts.churn.saturating_sub(failed).max(1);
-    Ok(json!({
-        "when": when,
-        "create_start_failed": failed,
-        "cpu_s": cpu,
-        "cpu_per_container_ms": cpu * 1e3 / done as f64,
-    }))
+        samples.push(v);
+    }
+    let (mut v, work) = (samples.remove(0), samples.remove(0));
+    v["when"] = json!(when);
+    v["work"] = work;
+    Ok(v)
 }
 
 /// The churn's floor: `first` (taken before the agents' churns) and a
@@ -1517,9 +1582,11 @@ fn churn_floor(opts: &Options, paths: &Paths, first: Value) -> anyhow::Result<Va
     let second = churn_floor_sample(opts, paths, "after")?;
     let per = |v: &Value| v["cpu_per_container_ms"].as_f64().unwrap_or(f64::NAN);
     let (a, b) = (per(&first), per(&second));
+    let (wa, wb) = (per(&first["work"]), per(&second["work"]));
     Ok(json!({
         "containers": opts.churn,
         "cpu_per_container_ms": a.min(b),
+        "work_cpu_per_container_ms": wa.min(wb),
         "samples": [first, second],
     }))
 }
@@ -1746,6 +1813,14 @@ fn print_agent(report: &Value) {
         g(&fl["samples"][0], "cpu_per_container_ms"),
         g(&fl["samples"][1], "cpu_per_container_ms"),
         g(ch, "cpu_clock_s") * 1e3 / g(ch, "containers"),
+    );
+    println!(
+        "churn work floor: the same containers under the work floor alone (the agent's work on one thread, no safety boundaries): {:.3} ms per container, the lower of {:.3} and {:.3} ({} and {} added lines)",
+        g(fl, "work_cpu_per_container_ms"),
+        g(&fl["samples"][0]["work"], "cpu_per_container_ms"),
+        g(&fl["samples"][1]["work"], "cpu_per_container_ms"),
+        fl["samples"][0]["work"]["added_lines"],
+        fl["samples"][1]["work"]["added_lines"],
     );
     let m = &report["memory_heavy_annotations"];
     println!(

@@ -225,6 +225,22 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "work floor: the agent's work on one thread, no safety boundaries, CPU per event (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "watchers",
+                    "work_floor",
+                    "cpu_clock_per_container_event_us",
+                ],
+            )
+        },
+        floor: None,
+    },
+    Row {
         name: "agent CPU per container, churn (ms)",
         goal: Goal::AtMost(0.2),
         // The CPU clock (ns); an older report has the clock ticks only.
@@ -233,6 +249,12 @@ const ROWS: &[Row] = &[
             Some(cpu * 1e3 / at(r, &["churn", "containers"])?)
         },
         floor: Some(|r| at(r, &["churn_floor", "cpu_per_container_ms"])),
+    },
+    Row {
+        name: "work floor: the agent's work on one thread, churn CPU per container (ms)",
+        goal: Goal::Informational,
+        read: |r| at(r, &["churn_floor", "work_cpu_per_container_ms"]),
+        floor: None,
     },
     Row {
         name: "added per watcher and event (us)",

@@ -24,8 +24,8 @@ use lookout_client::{Client, Event, Filter, GateOptions, OnFailure};
 use serde_json::{Value, json};
 
 use super::{
-    Agent, Floor, PeakRss, busybox_bundle, clock_ns, cpu_clock_s, drop_page_cache, in_path, now_ns,
-    pct, proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
+    Agent, Floor, Floors, PeakRss, busybox_bundle, clock_ns, cpu_clock_s, drop_page_cache, in_path,
+    now_ns, pct, proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
 };
 use crate::util::{cargo, exec, say, workspace_root};
 
@@ -267,9 +267,9 @@ pub fn bench_consumers_release(
 /// Runs both measurements in `work` with the release agent `lookout`:
 /// `rounds` timed starts per gate configuration, `churn` containers per
 /// agent for the watchers.
-pub fn bench_consumers(
+pub(super) fn bench_consumers(
     lookout: &Path,
-    floor: &Path,
+    floors: &Floors,
     work: &Path,
     rounds: usize,
     churn: usize,
@@ -281,7 +281,7 @@ pub fn bench_consumers(
         .enable_all()
         .build()?;
     let gates = gates(lookout, work, &rt, rounds)?;
-    let watchers = watchers(lookout, floor, work, &rt, churn)?;
+    let watchers = watchers(lookout, floors, work, &rt, churn)?;
     rt.shutdown_background();
     Ok(json!({ "gate_start_us": gates, "watchers": watchers }))
 }
@@ -443,11 +443,11 @@ fn gates(
 }
 
 /// 2 and 3. Agent CPU per event and RSS with `WATCHERS` watchers and none,
-/// and the floor: the allow-all responder on a third copy of runc, given
-/// the same containers in the same rounds.
+/// and the floors, given the same containers in the same rounds: the
+/// allow-all responder on a third copy of runc, the work floor on a fourth.
 fn watchers(
     lookout: &Path,
-    floor_bin: &Path,
+    floors: &Floors,
     work: &Path,
     rt: &tokio::runtime::Runtime,
     churn: usize,
@@ -479,7 +479,15 @@ fn watchers(
     let floor_runc = floor_dir.join("runc");
     lookout_testsupport::install_executable(&in_path("runc")?, &floor_runc)
         .with_context(|| format!("copying runc to {}", floor_runc.display()))?;
-    let floor = Floor::start(floor_bin, &[&floor_runc], &floor_dir)?;
+    let floor = Floor::start(&floors.allow_all, &[&floor_runc], &floor_dir)?;
+    // The work floor: the agent's work for each container (argv, config,
+    // state, /proc, its lines) on one thread, with none of its boundaries.
+    let work_dir = work.join("watch-work");
+    std::fs::create_dir_all(&work_dir)?;
+    let work_runc = work_dir.join("runc");
+    lookout_testsupport::install_executable(&in_path("runc")?, &work_runc)
+        .with_context(|| format!("copying runc to {}", work_runc.display()))?;
+    let work_floor = Floor::start_work(floors, &work_runc, &work_dir)?;
     wait_metric(&agents[0], "lookout_watchers", WATCHERS as f64)?;
     // Let the connections settle before the baseline samples.
     std::thread::sleep(Duration::from_millis(500));
@@ -502,6 +510,8 @@ fn watchers(
         .map(|a| bytes_written(a.agent.pid()))
         .collect();
     let floor_switches0 = thread_switches(floor.child.id());
+    let work0 = work_floor.cpu_s();
+    let work_switches0 = thread_switches(work_floor.child.id());
     // Events are counted off stdout, all of them: the CPU time covers any
     // other container's too (the root tests' containers are visible to
     // every agent through the shared /run/runc).
@@ -514,20 +524,21 @@ fn watchers(
     let mut failed = 0usize;
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let t = Instant::now();
-    let mut floor_failed = 0usize;
+    let mut floor_failed = [0usize; 2];
     for i in 0..churn {
-        let mut order = [0usize, 1, 2];
+        let mut order = [0usize, 1, 2, 3];
         shuffle(&mut rng, &mut order);
         for k in order {
             let id = format!("bench-watch{k}-{i}");
             let run = |args: &[&str]| match agents.get(k) {
                 Some(a) => a.run(args),
-                None => runtime(&floor_runc, args),
+                None if k == 2 => runtime(&floor_runc, args),
+                None => runtime(&work_runc, args),
             };
             if !(run(&["create", "--bundle", bs, &id]) && run(&["start", &id])) {
                 match ids.get(k) {
                     Some(_) => failed += 1,
-                    None => floor_failed += 1,
+                    None => floor_failed[k - 2] += 1,
                 }
             }
             run(&["delete", "--force", &id]);
@@ -541,7 +552,13 @@ fn watchers(
     let floor_switches = switches_between(
         &floor_switches0,
         &thread_switches(floor.child.id()),
-        churn.saturating_sub(floor_failed),
+        churn.saturating_sub(floor_failed[0]),
+    );
+    let work_cpu = work_floor.cpu_s() - work0;
+    let work_switches = switches_between(
+        &work_switches0,
+        &thread_switches(work_floor.child.id()),
+        churn.saturating_sub(floor_failed[1]),
     );
     let switches: Vec<Value> = agents
         .iter()
@@ -549,6 +566,22 @@ fn watchers(
         .map(|(a, s0)| switches_between(s0, &thread_switches(a.agent.pid()), churn))
         .collect();
     drop(floor);
+    // The work floor did the work: both lines of each of its containers
+    // (those of a failed create or start aside). Its last exits may be
+    // still on their way.
+    let work_lines = |prefix: &str| {
+        std::fs::read_to_string(work_dir.join("floor.out"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(prefix) && l.contains("bench-watch3-"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while work_lines("\"removed\"") + floor_failed[1] < churn && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (work_added, work_removed) = (work_lines("\"added\""), work_lines("\"removed\""));
+    drop(work_floor);
     // Every container reported added and removed by its agent, and every
     // change read by every watcher.
     let removed = |k: usize| {
@@ -638,11 +671,20 @@ fn watchers(
         "added_cpu_clock_per_watcher_event_us": added_clock / WATCHERS as f64,
         // Per container event as an agent counts them (added, removed).
         "floor": {
-            "create_start_failed": floor_failed,
+            "create_start_failed": floor_failed[0],
             "cpu_clock_s": floor_cpu,
             "cpu_clock_per_container_event_us":
-                floor_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed).max(1)) as f64,
+                floor_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed[0]).max(1)) as f64,
             "context_switches": floor_switches,
+        },
+        "work_floor": {
+            "create_start_failed": floor_failed[1],
+            "added_lines": work_added,
+            "removed_lines": work_removed,
+            "cpu_clock_s": work_cpu,
+            "cpu_clock_per_container_event_us":
+                work_cpu * 1e6 / (2 * churn.saturating_sub(floor_failed[1]).max(1)) as f64,
+            "context_switches": work_switches,
         },
         "bytes_per_watcher_event": frame_bytes,
         "frame_floor": frame_floor,
@@ -1112,4 +1154,14 @@ pub fn print(v: &Value) {
     }
     println!("context switches per container, no watcher: {}", sw(b));
     println!("context switches per container, floor: {}", sw(&w["floor"]));
+    let wf = &w["work_floor"];
+    if wf.is_object() {
+        println!(
+            "work floor: the agent's work for each container on one thread, no safety boundaries: {:.0} us per container event (CPU clock; {} added and {} removed lines)",
+            g(wf, "cpu_clock_per_container_event_us"),
+            wf["added_lines"],
+            wf["removed_lines"],
+        );
+        println!("context switches per container, work floor: {}", sw(wf));
+    }
 }

@@ -1,0 +1,227 @@
+//! The work floor of lookout's benchmark: what discovering a container
+//! costs when everything the agent must do for it runs on one thread, with
+//! none of the agent's safety boundaries.
+//!
+//! It marks the runtime binary given (`FAN_OPEN_EXEC_PERM`) and, on the one
+//! thread that answers the execs:
+//!
+//! - takes each exec's argv from the agent's BPF programs (the argv
+//!   capture, loaded from the object given) and parses it;
+//! - for a `create`, reads and parses the bundle's config.json before it
+//!   allows the exec, and watches the `create` process with a pidfd;
+//! - when that process exits, reads and parses the state file, checks the
+//!   init process, reads its namespaces and cgroup, and prints `added`;
+//! - watches the init process with a pidfd and prints `removed`.
+//!
+//! Every read, parse and write runs where the execs are answered: a hung
+//! file system, a process holding its `mmap_lock`, or a reader that stops
+//! reading stdout stops this thread, and every exec of the runtime with it.
+//! The agent keeps those off its answering thread (a thread that only
+//! answers, readers with a deadline, a stdout writer); beside the agent, this
+//! measures what that costs. It is not a container monitor: it knows only
+//! `create` and its runc defaults, and it trusts what it reads.
+//!
+//! ```sh
+//! cargo xtask build-ebpf
+//! sudo cargo run --release -p lookout-runtime-hook --example work_floor -- \
+//!     target/bpf/lookout-ebpf.o /usr/sbin/runc
+//! ```
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use lookout_fanotify::{Class, Fanotify, MIN_READ_BUFFER, MarkFlags, Mask, Report};
+use lookout_host::proc;
+use lookout_model::{Container, ContainerEvent, RuntimeKind, Source, Status};
+use lookout_runtime_hook::argv::{self, Command};
+use lookout_runtime_hook::oci::{self, OciConfig};
+use lookout_runtime_hook::{ExecCapture, state};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+/// What a pidfd watches.
+enum Watch {
+    /// A `create` that has not exited: the container it makes.
+    Create {
+        id: String,
+        runtime: RuntimeKind,
+        root: PathBuf,
+        bundle: Option<PathBuf>,
+        config: Option<OciConfig>,
+    },
+    /// A container's init process.
+    Init(Box<Container>),
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let object = args.next().ok_or(USAGE)?;
+    let marked: Vec<String> = args.collect();
+    if marked.is_empty() {
+        return Err(USAGE.into());
+    }
+    let names: Vec<String> = marked.iter().map(|p| file_name(p).to_owned()).collect();
+    let object = std::fs::read(&object).map_err(|e| format!("reading {object}: {e}"))?;
+    let mut capture = ExecCapture::load(&object, &names)?;
+    let group = Fanotify::builder()
+        .class(Class::Content)
+        .report(Report::TID)
+        .nonblock(true)
+        .init()?;
+    for p in &marked {
+        group.add_mark(p.as_ref(), MarkFlags::empty(), Mask::OPEN_EXEC_PERM)?;
+    }
+    eprintln!(
+        "ready: allowing execs of {} and doing their containers' work on one thread",
+        marked.join(", ")
+    );
+    let mut buf = vec![0u8; MIN_READ_BUFFER];
+    let mut events = Vec::new();
+    let mut watches: HashMap<i32, (OwnedFd, Watch)> = HashMap::new();
+    let mut line = Vec::with_capacity(4096);
+    let stdout = std::io::stdout();
+    loop {
+        let mut fds = vec![PollFd::new(group.as_fd(), PollFlags::POLLIN)];
+        let order: Vec<i32> = watches.keys().copied().collect();
+        fds.extend(
+            order
+                .iter()
+                .filter_map(|k| watches.get(k))
+                .map(|(fd, _)| PollFd::new(fd.as_fd(), PollFlags::POLLIN)),
+        );
+        poll(&mut fds, PollTimeout::NONE)?;
+        let exited: Vec<i32> = fds[1..]
+            .iter()
+            .zip(&order)
+            .filter(|(p, _)| p.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, k)| *k)
+            .collect();
+        let execs = fds[0].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if execs {
+            events.clear();
+            match group.read_events(&mut buf, &mut events) {
+                Ok(_) => {}
+                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+                Err(e) => return Err(e.into()),
+            }
+            for mut e in events.drain(..) {
+                let Some(perm) = e.take_permission() else {
+                    continue;
+                };
+                // Paired by thread id; the process is the record's.
+                let record = capture.take(e.pid() as u32);
+                if let Some(r) = record
+                    && let Some(w) = on_exec(r.tgid as i32, &r.argv)
+                    && let Some(fd) = pidfd(r.tgid as i32)
+                {
+                    watches.insert(fd.as_raw_fd(), (fd, w));
+                }
+                perm.allow()?;
+            }
+        }
+        for k in exited {
+            let Some((_, w)) = watches.remove(&k) else {
+                continue;
+            };
+            let event = match w {
+                Watch::Create {
+                    id,
+                    runtime,
+                    root,
+                    bundle,
+                    config,
+                } => {
+                    let Some(c) = created(&id, runtime, &root, bundle, config) else {
+                        continue;
+                    };
+                    let Some(pid) = c.pid else { continue };
+                    let event = ContainerEvent::added(Source::RuntimeHook, c.clone());
+                    if let Some(fd) = pidfd(pid as i32) {
+                        watches.insert(fd.as_raw_fd(), (fd, Watch::Init(Box::new(c))));
+                    }
+                    event
+                }
+                Watch::Init(c) => ContainerEvent::removed(Source::RuntimeHook, *c, None),
+            };
+            line.clear();
+            serde_json::to_writer(&mut line, &event)?;
+            line.push(b'\n');
+            let mut out = stdout.lock();
+            out.write_all(&line)?;
+            out.flush()?;
+        }
+    }
+}
+
+const USAGE: &str = "usage: work_floor BPF_OBJECT RUNTIME_BINARY...";
+
+/// A path's last component.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Parses the argv of exec `pid` and, for a `create`, reads its
+/// config.json: what its pidfd should watch for.
+fn on_exec(pid: i32, argv: &[String]) -> Option<Watch> {
+    let binary = argv.first().map(|a| file_name(a))?;
+    let inv = argv::parse(argv, binary).ok()?;
+    let Command::Create(args) = &inv.command else {
+        return None;
+    };
+    let cwd = proc::cwd(pid as u32);
+    let bundle = inv.bundle(cwd.as_deref());
+    let config = bundle
+        .as_deref()
+        .and_then(|b| oci::read_config_under(Path::new("/"), b, args.config.as_deref()).ok());
+    let root = inv
+        .root
+        .clone()
+        .unwrap_or_else(|| state::default_root(&inv.runtime));
+    Some(Watch::Create {
+        id: args.id.clone(),
+        runtime: inv.runtime,
+        root,
+        bundle,
+        config,
+    })
+}
+
+/// The container a `create` that exited made, from its state file and its
+/// init process.
+fn created(
+    id: &str,
+    runtime: RuntimeKind,
+    root: &Path,
+    bundle: Option<PathBuf>,
+    config: Option<OciConfig>,
+) -> Option<Container> {
+    let s = state::read_state_under(Path::new("/"), &runtime, root, id).ok()?;
+    if proc::not_a_container_init(s.pid).is_some() {
+        return None;
+    }
+    let mut c = Container::new(id, runtime);
+    c.pid = Some(s.pid);
+    c.status = Status::Created;
+    c.bundle = bundle;
+    c.runtime_root = Some(root.to_path_buf());
+    c.namespaces = proc::namespaces(s.pid);
+    c.cgroup = proc::cgroup(s.pid);
+    if let Some(cfg) = config {
+        c.annotations = cfg.annotations;
+        c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
+        c.pod_sandbox = lookout_model::is_pod_sandbox(&c.annotations);
+        c.hostname = cfg.hostname;
+        c.args = cfg.process.map(|p| p.args).unwrap_or_default();
+    }
+    Some(c)
+}
+
+/// A pidfd for `pid`, or `None` when it is gone.
+fn pidfd(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a non-negative return is a new fd that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
