@@ -1029,33 +1029,43 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
             opts.rounds * opts.execs
         ),
     );
+    // The work floor takes the BPF record and parses argv as the agent
+    // does; named apart, so that neither's programs capture the other's
+    // execs (the agent's filter has every default runtime's name).
+    std::fs::create_dir_all(work.join("work-floor"))?;
+    let work_noop = work.join("work-floor/runc-wf");
+    lookout_testsupport::install_executable(&fake, &work_noop)?;
     let f = Floor::start(&paths.floors.allow_all, &[&floor_noop], &work.join("floor"))?;
+    let wf = Floor::start_work(&paths.floors, &work_noop, &work.join("work-floor"))?;
     let (a, _) = Agent::start(lookout, work, &["--runtime-path", fake_s])?;
     // The three files must be in the same page-cache state: a file that
     // `cp` or the linker just wrote sits in the cache in other folio sizes
     // than one that exec faulted in, and that alone moved an exec by
     // +-30 us here (more than the listeners cost). Drop them, then let
     // exec fault all three in the same way.
-    for p in [&none_noop, &floor_noop, &fake] {
+    for p in [&none_noop, &floor_noop, &work_noop, &fake] {
         drop_page_cache(p)?;
     }
     for _ in 0..50 {
-        for p in [&none_noop, &floor_noop, &fake] {
+        for p in [&none_noop, &floor_noop, &work_noop, &fake] {
             let _ = exec_times(p, 1); // warm up
         }
     }
-    let (mut none, mut floor, mut agent_t) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut none, mut floor, mut work_t, mut agent_t) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let answer_cpu_ns = thread_cpu_ns(a.pid(), "lookout-answer");
     let floor_cpu_ns = thread_cpu_ns(f.pid(), "");
+    let work_cpu_ns = thread_cpu_ns(wf.pid(), "");
     // A new random order every iteration (see `shuffle`).
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..opts.rounds * opts.execs {
-        let mut order = [0usize, 1, 2];
+        let mut order = [0usize, 1, 2, 3];
         shuffle(&mut rng, &mut order);
         for k in order {
             match k {
                 0 => none.extend(exec_times(&none_noop, 1)),
                 1 => floor.extend(exec_times(&floor_noop, 1)),
+                2 => work_t.extend(exec_times(&work_noop, 1)),
                 _ => agent_t.extend(exec_times(&fake, 1)),
             }
         }
@@ -1063,8 +1073,10 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
     let answer_cpu_ns =
         answer_cpu_ns.and_then(|before| Some(thread_cpu_ns(a.pid(), "lookout-answer")? - before));
     let floor_cpu_ns = floor_cpu_ns.and_then(|before| Some(thread_cpu_ns(f.pid(), "")? - before));
+    let work_cpu_ns = work_cpu_ns.and_then(|before| Some(thread_cpu_ns(wf.pid(), "")? - before));
     let n = agent_t.len().max(1) as f64;
     drop(f);
+    drop(wf);
     // Where the agent's share goes, off the timed loop: its BPF programs
     // in the exec'ing process (kernel statistics, on only for this), and
     // the answering thread's CPU above.
@@ -1073,8 +1085,11 @@ fn exec_overhead(opts: &Options, paths: &Paths, lookout: &Path) -> anyhow::Resul
     let med = |v: &[f64]| pct(&mut v.to_vec(), 0.5);
     Ok(json!({
         "none": stats(&none), "floor": stats(&floor), "lookout": stats(&agent_t),
+        "work_floor": stats(&work_t),
         "overhead_floor_p50_us": med(&floor) - med(&none),
+        "overhead_work_floor_p50_us": med(&work_t) - med(&none),
         "overhead_lookout_p50_us": med(&agent_t) - med(&none),
+        "work_floor_cpu_us_per_exec": work_cpu_ns.map(|ns| ns as f64 / work_t.len().max(1) as f64 / 1e3),
         "lookout_vs_floor_total_p50": med(&agent_t) / med(&floor),
         "answer_thread_cpu_us_per_exec": answer_cpu_ns.map(|ns| ns as f64 / n / 1e3),
         "floor_cpu_us_per_exec": floor_cpu_ns.map(|ns| ns as f64 / floor.len().max(1) as f64 / 1e3),
@@ -1726,6 +1741,14 @@ fn print_exec_split(x: &Value) {
         g(x, "answer_thread_cpu_us_per_exec"),
         g(x, "floor_cpu_us_per_exec"),
     );
+    if x["work_floor"].is_object() {
+        println!(
+            "exec overhead of the work floor (the BPF record taken and argv parsed on one thread, as the agent's answering thread does): {:.1} us p50 over no listener, {:.1} us beyond the allow-all floor; its CPU {:.2} us per exec",
+            g(x, "overhead_work_floor_p50_us"),
+            g(x, "overhead_work_floor_p50_us") - g(x, "overhead_floor_p50_us"),
+            g(x, "work_floor_cpu_us_per_exec"),
+        );
+    }
 }
 
 /// Prints the `agent` part's table and lines, then the consumers'.
@@ -1739,6 +1762,7 @@ fn print_agent(report: &Value) {
     for (name, key) in [
         ("exec, no listener (us)", "none"),
         ("exec, allow-all floor (us)", "floor"),
+        ("exec, work floor (us)", "work_floor"),
         ("exec, lookout (us)", "lookout"),
     ] {
         p50_p99(name, &x[key]);

@@ -381,6 +381,17 @@ const ROWS: &[Row] = &[
         floor: None,
     },
     Row {
+        name: "work floor: exec beyond the allow-all floor, p50 (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            Some(
+                at(r, &["exec_us", "overhead_work_floor_p50_us"])?
+                    - at(r, &["exec_us", "overhead_floor_p50_us"])?,
+            )
+        },
+        floor: None,
+    },
+    Row {
         name: "runc start back to back, 1 subscriber, paired p50 (us)",
         goal: Goal::AtMost(150.0),
         read: |r| {

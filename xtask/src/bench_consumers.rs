@@ -484,7 +484,10 @@ fn watchers(
     // state, /proc, its lines) on one thread, with none of its boundaries.
     let work_dir = work.join("watch-work");
     std::fs::create_dir_all(&work_dir)?;
-    let work_runc = work_dir.join("runc");
+    // Not named `runc`: the agents' BPF programs capture the execs of
+    // files by name, and would decode the work floor's too (as the work
+    // floor would theirs).
+    let work_runc = work_dir.join("runc-wf");
     lookout_testsupport::install_executable(&in_path("runc")?, &work_runc)
         .with_context(|| format!("copying runc to {}", work_runc.display()))?;
     let work_floor = Floor::start_work(floors, &work_runc, &work_dir)?;

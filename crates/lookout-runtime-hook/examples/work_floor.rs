@@ -19,7 +19,8 @@
 //! The agent keeps those off its answering thread (a thread that only
 //! answers, readers with a deadline, a stdout writer); beside the agent, this
 //! measures what that costs. It is not a container monitor: it knows only
-//! `create` and its runc defaults, and it trusts what it reads.
+//! `create`, takes a runtime it does not know by name for runc, and trusts
+//! what it reads.
 //!
 //! ```sh
 //! cargo xtask build-ebpf
@@ -166,7 +167,12 @@ fn file_name(path: &str) -> &str {
 /// config.json: what its pidfd should watch for.
 fn on_exec(pid: i32, argv: &[String]) -> Option<Watch> {
     let binary = argv.first().map(|a| file_name(a))?;
-    let inv = argv::parse(argv, binary).ok()?;
+    let mut inv = argv::parse(argv, binary).ok()?;
+    // A copy of runc under another name (so that an agent beside it does
+    // not capture its execs) is still runc.
+    if let RuntimeKind::Other(_) = inv.runtime {
+        inv.runtime = RuntimeKind::Runc;
+    }
     let Command::Create(args) = &inv.command else {
         return None;
     };
