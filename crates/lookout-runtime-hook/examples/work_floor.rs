@@ -208,19 +208,9 @@ fn created(
         return None;
     }
     let mut c = Container::new(id, runtime);
-    c.pid = Some(s.pid);
-    c.status = Status::Created;
     c.bundle = bundle;
     c.runtime_root = Some(root.to_path_buf());
-    c.namespaces = proc::namespaces(s.pid);
-    c.cgroup = proc::cgroup(s.pid);
-    if let Some(cfg) = config {
-        c.annotations = cfg.annotations;
-        c.kubernetes = lookout_model::Kubernetes::from_annotations(&c.annotations);
-        c.pod_sandbox = lookout_model::is_pod_sandbox(&c.annotations);
-        c.hostname = cfg.hostname;
-        c.args = cfg.process.map(|p| p.args).unwrap_or_default();
-    }
+    lookout_runtime_hook::fill_container(&mut c, s.pid, config, Status::Created);
     Some(c)
 }
 

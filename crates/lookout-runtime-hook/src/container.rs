@@ -10,8 +10,8 @@ use lookout_host::proc;
 /// `c`: pid, status, namespaces, cgroup, annotations (and the Kubernetes
 /// identity in them), hostname and args, moved out of `config` (a
 /// container's annotations can be 256 KiB: they are not copied). Reads
-/// /proc: call it off the hook's task.
-pub(crate) fn fill(c: &mut Container, pid: u32, config: Option<OciConfig>, status: Status) {
+/// /proc: call it off the hook's task. Exported as [`crate::fill_container`].
+pub fn fill(c: &mut Container, pid: u32, config: Option<OciConfig>, status: Status) {
     c.pid = Some(pid);
     c.status = status;
     if c.runtime == RuntimeKind::Runsc {

@@ -43,6 +43,12 @@ mod stats;
 pub mod untrusted;
 
 pub use capture::{ArgvRing, ExecCapture, ExecRecord};
+/// Fills a [`lookout_model::Container`] from its init process's /proc
+/// files (pid, namespaces, cgroup) and its bundle's config.json
+/// (annotations and the Kubernetes identity in them, hostname, args), as
+/// the hook does before it reports one. Reads /proc, so it may block on a
+/// process whose /proc files are held: not for a thread that must not.
+pub use container::fill as fill_container;
 pub use hook::{Builder, RuntimeHook, StartupTimes};
 pub use pidfd::{ProcessHandle, kill as kill_process};
 pub use scan::{Scanner, scan_state, scan_state_in};
