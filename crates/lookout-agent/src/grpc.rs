@@ -18,6 +18,8 @@ use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::watch_wire::{Api, Frames, WatchFrame};
+
 use crate::hub::{
     Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
     WatchItem, WeakLive, lock,
@@ -43,6 +45,8 @@ pub struct Service {
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
+    /// The changes encoded for the watchers lately (see `watch_wire`).
+    frames: Arc<Frames>,
 }
 
 /// Entries at most in each of a filter's lists and maps: a filter is
@@ -155,7 +159,7 @@ fn change_pb(c: &Change) -> pb::WatchEvent {
     }
 }
 
-type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(crate) type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// A subscriber name fit for logs and metric labels.
 fn clean_name(name: &str) -> String {
@@ -165,6 +169,79 @@ fn clean_name(name: &str) -> String {
         .take(64)
         .collect();
     if n.is_empty() { "unnamed".into() } else { n }
+}
+
+impl Service {
+    /// `Watch`: a snapshot first when asked, then every change, each
+    /// encoded once for all watchers ([`Frames`]).
+    pub(crate) async fn watch_frames(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Out<WatchFrame>>, Status> {
+        let root = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .is_some_and(|c| c.uid() == 0);
+        let r = req.into_inner();
+        let mut w = self
+            .hub
+            .watch_as(r.since, filter_of(r.filter)?, root)
+            .map_err(refused)?;
+        let frames = Arc::clone(&self.frames);
+        let out = async_stream::stream! {
+            loop {
+                match w.next().await {
+                    Ok(WatchItem::Snapshot { revision, containers }) => {
+                        // Held weakly while they are sent: a consumer that
+                        // stops reading in the middle keeps no record alive
+                        // that the table and the window let go.
+                        let pending: Vec<WeakLive> = containers.iter().map(WeakLive::new).collect();
+                        drop(containers);
+                        for l in &pending {
+                            let Some(l) = l.upgrade() else {
+                                let e = w.fell_behind();
+                                yield Err(Status::resource_exhausted(e.to_string()));
+                                return;
+                            };
+                            // Nothing strong is held across the yield (a
+                            // stream that is not polled again keeps it).
+                            let container = Some(container_pb(&l));
+                            drop(l);
+                            yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
+                                kind: pb::watch_event::Kind::Snapshot as i32,
+                                revision,
+                                container,
+                                ..Default::default()
+                            })));
+                        }
+                        yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
+                            kind: pb::watch_event::Kind::SnapshotEnd as i32,
+                            revision,
+                            monotonic_ns: lookout_model::monotonic_ns(),
+                            ..Default::default()
+                        })));
+                    }
+                    Ok(WatchItem::Change(c)) => {
+                        let frame = frames.get_or_encode(c.revision, || change_pb(&c));
+                        drop(c);
+                        yield Ok(WatchFrame::Encoded(frame));
+                    }
+                    Err(e @ WatchEnd::Lagged(_)) => {
+                        yield Err(Status::resource_exhausted(e.to_string()));
+                        break;
+                    }
+                    Err(WatchEnd::Closed) => {
+                        // After the last change: a standby agent that reads
+                        // this has them all (crate::handover::mirror).
+                        yield Err(Status::unavailable(crate::handover::CLOSING));
+                        break;
+                    }
+                }
+            }
+        };
+        Ok(Response::new(Box::pin(out)))
+    }
 }
 
 #[tonic::async_trait]
@@ -190,68 +267,19 @@ impl Lookout for Service {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let root = req
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|i| i.peer_cred)
-            .is_some_and(|c| c.uid() == 0);
-        let r = req.into_inner();
-        let mut w = self
-            .hub
-            .watch_as(r.since, filter_of(r.filter)?, root)
-            .map_err(refused)?;
-        let out = async_stream::stream! {
-            loop {
-                match w.next().await {
-                    Ok(WatchItem::Snapshot { revision, containers }) => {
-                        // Held weakly while they are sent: a consumer that
-                        // stops reading in the middle keeps no record alive
-                        // that the table and the window let go.
-                        let pending: Vec<WeakLive> = containers.iter().map(WeakLive::new).collect();
-                        drop(containers);
-                        for l in &pending {
-                            let Some(l) = l.upgrade() else {
-                                let e = w.fell_behind();
-                                yield Err(Status::resource_exhausted(e.to_string()));
-                                return;
-                            };
-                            // Nothing strong is held across the yield (a
-                            // stream that is not polled again keeps it).
-                            let container = Some(container_pb(&l));
-                            drop(l);
-                            yield Ok(pb::WatchEvent {
-                                kind: pb::watch_event::Kind::Snapshot as i32,
-                                revision,
-                                container,
-                                ..Default::default()
-                            });
-                        }
-                        yield Ok(pb::WatchEvent {
-                            kind: pb::watch_event::Kind::SnapshotEnd as i32,
-                            revision,
-                            monotonic_ns: lookout_model::monotonic_ns(),
-                            ..Default::default()
-                        });
-                    }
-                    Ok(WatchItem::Change(c)) => {
-                        let event = change_pb(&c);
-                        drop(c);
-                        yield Ok(event);
-                    }
-                    Err(e @ WatchEnd::Lagged(_)) => {
-                        yield Err(Status::resource_exhausted(e.to_string()));
-                        break;
-                    }
-                    Err(WatchEnd::Closed) => {
-                        // After the last change: a standby agent that reads
-                        // this has them all (crate::handover::mirror).
-                        yield Err(Status::unavailable(crate::handover::CLOSING));
-                        break;
-                    }
-                }
-            }
-        };
-        Ok(Response::new(Box::pin(out)))
+        // The socket's `Watch` is `watch_wire::Api`'s, which sends the
+        // frames as they are; this is the generated server's path, the
+        // same stream with each change decoded again.
+        use futures::StreamExt;
+        use prost::Message;
+        let frames = self.watch_frames(req).await?.into_inner();
+        Ok(Response::new(Box::pin(frames.map(|f| {
+            f.and_then(|f| match f {
+                WatchFrame::Message(m) => Ok(*m),
+                WatchFrame::Encoded(b) => pb::WatchEvent::decode(b)
+                    .map_err(|e| Status::internal(format!("decoding a watch event: {e}"))),
+            })
+        }))))
     }
 
     type GateStream = Out<pb::GateResponse>;
@@ -891,11 +919,12 @@ pub fn spawn(
             hub,
             auth,
             default_deadline,
+            frames: Arc::default(),
         };
         tracing::info!(socket = %path.display(), "consumer API listening");
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(LookoutServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES))
+            .add_service(Api::new(svc, MAX_REQUEST_BYTES))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

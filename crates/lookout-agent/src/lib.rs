@@ -36,6 +36,7 @@ mod merge;
 mod nri;
 mod run;
 mod serve;
+mod watch_wire;
 
 pub use embed::{Builder, Discovery};
 pub use hub::{
