@@ -391,6 +391,17 @@ impl Drop for Floor {
     }
 }
 
+/// How many `kind` lines (`added`, `removed`) the work floor started in
+/// `dir` printed for containers whose id holds `prefix`.
+fn work_floor_lines(dir: &Path, kind: &str, prefix: &str) -> usize {
+    let kind = format!("\"event\":\"{kind}\"");
+    std::fs::read_to_string(dir.join("floor.out"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&kind) && l.contains(prefix))
+        .count()
+}
+
 /// The runtime binary `name` as found in PATH, symlinks resolved (a mark
 /// is on the file, not on a link to it).
 fn in_path(name: &str) -> anyhow::Result<PathBuf> {
@@ -1577,11 +1588,7 @@ fn churn_floor_sample(opts: &Options, paths: &Paths, when: &str) -> anyhow::Resu
         if work {
             // It did the work: an `added` line for each container (a
             // work floor that skipped it would be a floor too low).
-            let out = std::fs::read_to_string(dir.join("floor.out")).unwrap_or_default();
-            let added = out
-                .lines()
-                .filter(|l| l.contains("\"added\"") && l.contains(&prefix))
-                .count();
+            let added = work_floor_lines(&dir, "added", &prefix);
             v["added_lines"] = json!(added);
             if added < opts.churn - failed {
                 say(

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use super::{
     Agent, Floor, Floors, PeakRss, busybox_bundle, clock_ns, cpu_clock_s, drop_page_cache, in_path,
     now_ns, pct, proc_sample, runtime, shuffle, stats, switches_between, thread_switches,
+    work_floor_lines,
 };
 use crate::util::{cargo, exec, say, workspace_root};
 
@@ -575,18 +576,12 @@ fn watchers(
     // The work floor did the work: both lines of each of its containers
     // (those of a failed create or start aside). Its last exits may be
     // still on their way.
-    let work_lines = |prefix: &str| {
-        std::fs::read_to_string(work_dir.join("floor.out"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(prefix) && l.contains("bench-watch3-"))
-            .count()
-    };
+    let work_lines = |kind: &str| work_floor_lines(&work_dir, kind, "bench-watch3-");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while work_lines("\"removed\"") + floor_failed[1] < churn && Instant::now() < deadline {
+    while work_lines("removed") + floor_failed[1] < churn && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (work_added, work_removed) = (work_lines("\"added\""), work_lines("\"removed\""));
+    let (work_added, work_removed) = (work_lines("added"), work_lines("removed"));
     drop(work_floor);
     // A work floor that skipped its work would be a floor too low.
     let work_done = churn.saturating_sub(floor_failed[1]);
