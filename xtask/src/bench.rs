@@ -709,6 +709,22 @@ const PARTS: &[Part] = &[
         },
     },
     Part {
+        name: "discovery",
+        about: "discovery latency alone, in blocks as side by side (about 1 minute)",
+        // N.B. The agent part runs it already.
+        in_full_run: false,
+        needs: Needs::AgentAndFloor,
+        run: |opts, paths| {
+            fresh_dir(&paths.work)?;
+            let mut d = discovery_interleaved(opts, paths, &[paths.lookout.as_path()])?;
+            Ok(entries([("discovery_us", d.pop().unwrap_or_default())]))
+        },
+        print: |report| {
+            println!("\n| measurement | p50 | p99 |\n|---|---|---|");
+            print_discovery_rows(&report["discovery_us"]);
+        },
+    },
+    Part {
         name: "consumers",
         about: "gate subscribers and watchers alone (issue #12)",
         // N.B. The agent part runs it already.
@@ -1770,22 +1786,12 @@ fn print_exec_split(x: &Value) {
 }
 
 /// Prints the `agent` part's table and lines, then the consumers'.
-fn print_agent(report: &Value) {
+/// The discovery rows of a report's `discovery_us`, as table rows.
+fn print_discovery_rows(d: &Value) {
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let p50_p99 = |name: &str, v: &Value| {
         println!("| {name} | {:.0} | {:.0} |", g(v, "p50"), g(v, "p99"));
     };
-    let x = &report["exec_us"];
-    println!("\n| measurement | p50 | p99 |\n|---|---|---|");
-    for (name, key) in [
-        ("exec, no listener (us)", "none"),
-        ("exec, allow-all floor (us)", "floor"),
-        ("exec, work floor (us)", "work_floor"),
-        ("exec, lookout (us)", "lookout"),
-    ] {
-        p50_p99(name, &x[key]);
-    }
-    let d = &report["discovery_us"];
     for (name, key) in [
         ("runc create exec -> Added (us)", "create_exec_to_added"),
         ("runc create exit -> Added (us)", "create_exit_to_added"),
@@ -1809,6 +1815,24 @@ fn print_agent(report: &Value) {
         "| discovery events missing after 5 s (added, removed) | {} | {} |",
         d["missing"]["added"], d["missing"]["removed"]
     );
+}
+
+fn print_agent(report: &Value) {
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let p50_p99 = |name: &str, v: &Value| {
+        println!("| {name} | {:.0} | {:.0} |", g(v, "p50"), g(v, "p99"));
+    };
+    let x = &report["exec_us"];
+    println!("\n| measurement | p50 | p99 |\n|---|---|---|");
+    for (name, key) in [
+        ("exec, no listener (us)", "none"),
+        ("exec, allow-all floor (us)", "floor"),
+        ("exec, work floor (us)", "work_floor"),
+        ("exec, lookout (us)", "lookout"),
+    ] {
+        p50_p99(name, &x[key]);
+    }
+    print_discovery_rows(&report["discovery_us"]);
     println!(
         "| start-up to ready (ms) | {:.0} | {:.0} |",
         g(&report["startup_ms"], "p50"),
