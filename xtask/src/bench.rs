@@ -366,6 +366,7 @@ impl Floor {
         loop {
             let log = std::fs::read_to_string(&err).unwrap_or_default();
             if log.contains("ready: allowing") {
+                give_agent_slice(floor.child.id());
                 return Ok(floor);
             }
             if let Ok(Some(status)) = floor.child.try_wait() {
@@ -613,6 +614,8 @@ impl Observer {
     fn arm(pid: u32, then: Option<PathBuf>) -> Option<Observer> {
         let (armed, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
+            // As the agent's threads (see `AGENT_SLICE`).
+            let _ = lookout_host::sched::request_slice(AGENT_SLICE);
             let fd = pidfd(pid);
             let _ = armed.send(fd.is_some());
             let ended = exited(&fd?);
@@ -628,6 +631,24 @@ impl Observer {
     /// When it saw the exit (and read its file), if it did.
     fn woke(self) -> Option<u64> {
         self.0.join().ok().flatten()
+    }
+}
+
+/// The scheduler slice the agent's threads ask for by default
+/// (`--scheduler-slice`), given to the floors' threads too: a floor that
+/// waits longer for a CPU after a wake-up than the agent does is no floor.
+pub(crate) const AGENT_SLICE: Duration = Duration::from_micros(100);
+
+/// Gives every thread of process `pid` [`AGENT_SLICE`] (a floor, once it
+/// is ready; its threads do not start more threads after that).
+fn give_agent_slice(pid: u32) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for t in tasks.flatten() {
+        if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
+            let _ = lookout_host::sched::request_slice_of(tid, AGENT_SLICE);
+        }
     }
 }
 

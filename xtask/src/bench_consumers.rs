@@ -822,6 +822,8 @@ fn grpc_floor(
                 // "PID/task/TID": this thread's CPU time is read there.
                 let me = std::fs::read_link("/proc/thread-self")?;
                 let _ = tid_tx.send(me);
+                // As the agent's API thread.
+                let _ = lookout_host::sched::request_slice(super::AGENT_SLICE);
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?;

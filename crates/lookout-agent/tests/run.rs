@@ -147,6 +147,93 @@ fn a_container_that_exits_at_once_is_added_and_removed() {
     assert_eq!(agent.events_for(&id).len(), 2);
 }
 
+/// Each thread of process `pid` by name, with its scheduler slice as the
+/// kernel reports it (`None` before Linux 6.12).
+fn slices(pid: u32) -> Vec<(String, Option<Duration>)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let slice = lookout_host::sched::slice_of(tid).ok().flatten();
+        out.push((name.trim().to_owned(), slice));
+    }
+    out
+}
+
+#[test]
+fn threads_that_runtimes_wait_on_ask_for_short_scheduler_slices() {
+    if !ready("slices") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |_| {});
+    let agent = Agent::start(&rt, &[]);
+    if lookout_host::sched::current_slice()
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        eprintln!("SKIPPED (slices): this kernel has no custom scheduler slices (Linux 6.12+)");
+        agent.wait_log("no custom scheduler slices", Duration::from_secs(5));
+        return;
+    }
+    agent.wait_log("ask for short scheduler slices", Duration::from_secs(5));
+    // A container, so that a reader thread exists (idle for 10 s after).
+    let id = id("slices");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
+    agent.wait_event(&id, "added", Duration::from_secs(5));
+    rt.cleanup(&id);
+    let short = Some(Duration::from_micros(100));
+    let threads = slices(agent.child.id());
+    for name in [
+        "lookout",
+        "lookout-answer",
+        "lookout-config",
+        "lookout-grpc",
+    ] {
+        let found: Vec<_> = threads.iter().filter(|(n, _)| n == name).collect();
+        assert!(!found.is_empty(), "no thread {name}: {threads:?}");
+        assert!(
+            found.iter().all(|(_, s)| *s == short),
+            "{name}: {threads:?}"
+        );
+    }
+    // Hook processes and the Kubernetes client keep the kernel's default.
+    let side: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n == "lookout-side")
+        .collect();
+    assert!(!side.is_empty(), "no side runtime thread: {threads:?}");
+    assert!(side.iter().all(|(_, s)| *s != short), "{threads:?}");
+    agent.stop();
+
+    // Another slice, and none.
+    let agent = Agent::start(&rt, &["--scheduler-slice", "2ms"]);
+    let threads = slices(agent.child.id());
+    let answer = threads.iter().find(|(n, _)| n == "lookout-answer");
+    assert_eq!(
+        answer.map(|a| a.1),
+        Some(Some(Duration::from_millis(2))),
+        "{threads:?}"
+    );
+    agent.stop();
+    let agent = Agent::start(&rt, &["--scheduler-slice", "off"]);
+    let threads = slices(agent.child.id());
+    assert!(
+        threads
+            .iter()
+            .all(|(_, s)| *s != short && *s != Some(Duration::from_millis(2))),
+        "{threads:?}"
+    );
+    agent.stop();
+}
+
 #[test]
 fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
     if !ready("hundred_concurrent") {

@@ -5,6 +5,8 @@
 //!   namespace renders it), start time, uid, working directory and argv.
 //!   Every read is of a small kernel-made file; a process that is gone is
 //!   `None`, never an error.
+//! - [`sched`]: a short scheduler time slice for the threads a runtime
+//!   waits on (Linux 6.12+).
 //! - [`host_path`] and [`resolve_in_root`]: host paths for an agent that
 //!   sees the host's root at `/host`, with host symlinks followed as the
 //!   host follows them.
@@ -18,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod proc;
+pub mod sched;
 
 use std::path::PathBuf;
 

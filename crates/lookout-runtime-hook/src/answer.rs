@@ -166,7 +166,8 @@ enum Wake {
 impl Answerer {
     /// Starts the thread on `group`, a blocking handle with no marks yet.
     /// `shared`: how many init pids tracked containers share (`delete`s
-    /// are handed over only while that is not 0).
+    /// are handed over only while that is not 0). `slice`: the scheduler
+    /// time slice the thread asks for (see [`crate::Builder::scheduler_slice`]).
     pub fn spawn(
         group: Fanotify,
         ring: Option<ArgvRing>,
@@ -174,6 +175,7 @@ impl Answerer {
         marked: Arc<Marked>,
         shared: Arc<AtomicUsize>,
         tx: mpsc::Sender<Exec>,
+        slice: Option<std::time::Duration>,
     ) -> std::io::Result<Answerer> {
         let wake = wake_file(&group);
         Self::start(
@@ -184,6 +186,7 @@ impl Answerer {
                 marked,
                 shared,
                 tx,
+                slice,
             },
             wake,
         )
@@ -227,7 +230,12 @@ impl Answerer {
         let counters = Arc::clone(&worker.counters);
         let thread = std::thread::Builder::new()
             .name("lookout-answer".into())
-            .spawn(move || worker.run(&thread_stopping, poll.as_deref()))
+            .spawn(move || {
+                if let Some(slice) = worker.slice {
+                    crate::ask_for_slice("answering", slice);
+                }
+                worker.run(&thread_stopping, poll.as_deref());
+            })
             .inspect_err(|_| counters.probe.set_file(None))?;
         Ok(Answerer {
             stopping,
@@ -329,6 +337,7 @@ struct Worker {
     marked: Arc<Marked>,
     shared: Arc<AtomicUsize>,
     tx: mpsc::Sender<Exec>,
+    slice: Option<std::time::Duration>,
 }
 
 impl Worker {
@@ -645,6 +654,7 @@ mod tests {
             marked: Arc::default(),
             shared: Arc::default(),
             tx,
+            slice: None,
         };
         (Answerer::start(worker, wake).expect("spawn"), counters, rx)
     }

@@ -74,6 +74,8 @@ impl Reader {
     }
 }
 
+pub(crate) use pool::set_slice as set_reader_slice;
+
 /// A read, with the hand-over of its result.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -94,6 +96,16 @@ mod pool {
 
     /// Idle readers kept at most; a burst's extra ones end after their read.
     const MAX_IDLE: usize = 16;
+
+    /// The scheduler slice new readers ask for, in nanoseconds (0: none;
+    /// see [`crate::Builder::scheduler_slice`]).
+    static SLICE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// Sets the slice readers started from now on ask for.
+    pub(crate) fn set_slice(slice: Option<Duration>) {
+        let ns = slice.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        SLICE_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+    }
 
     /// An idle reader: its number and where it takes its next read.
     struct Idle {
@@ -127,6 +139,10 @@ mod pool {
         std::thread::Builder::new()
             .name("lookout-config".into())
             .spawn(move || {
+                match SLICE_NS.load(std::sync::atomic::Ordering::Relaxed) {
+                    0 => {}
+                    ns => crate::ask_for_slice("reader", Duration::from_nanos(ns)),
+                }
                 let mut job = job;
                 loop {
                     job();

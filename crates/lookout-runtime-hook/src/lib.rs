@@ -49,7 +49,7 @@ pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 /// the hook does before it reports one. Reads /proc, so it may block on a
 /// process whose /proc files are held: not for a thread that must not.
 pub use container::fill as fill_container;
-pub use hook::{Builder, RuntimeHook, StartupTimes};
+pub use hook::{Builder, DEFAULT_SCHEDULER_SLICE, RuntimeHook, StartupTimes};
 pub use pidfd::{ProcessHandle, kill as kill_process};
 pub use scan::{Scanner, scan_state, scan_state_in};
 pub use stats::{Health, Observer, Stats};
@@ -126,4 +126,15 @@ pub enum Problem {
     /// many reads are stuck already.
     #[error("{0}")]
     NotInTime(&'static str),
+}
+
+/// Asks the kernel for a `slice` on the calling thread (see
+/// [`Builder::scheduler_slice`]); `which` names the thread in the debug
+/// line when the kernel cannot.
+pub(crate) fn ask_for_slice(which: &str, slice: std::time::Duration) {
+    match lookout_host::sched::request_slice(slice) {
+        Ok(lookout_host::sched::Slice::Set(_)) => {}
+        Ok(other) => tracing::debug!(thread = which, ?other, "scheduler slice left as it was"),
+        Err(e) => tracing::debug!(thread = which, %e, "cannot ask for a scheduler slice"),
+    }
 }

@@ -137,6 +137,13 @@ pub struct RunArgs {
     /// hung file system costs the one container involved at most this.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub(crate) answer_deadline: Duration,
+    /// The scheduler time slice the threads that runtimes wait on ask for
+    /// (the one that answers execs, the hook's, the readers', the consumer
+    /// API's): 100us to 100ms, or `off` for the kernel's default. Linux
+    /// 6.12+; no more CPU time, only a shorter wait for a CPU after a
+    /// wake-up (see docs/operations.md).
+    #[arg(long, default_value = "100us", value_parser = parse_slice, value_name = "DURATION|off")]
+    pub(crate) scheduler_slice: SchedulerSlice,
     /// NRI beside the discovery mode: for CRI pods and containers,
     /// sandboxed runtimes (gVisor, Kata) included, with the runtime's own
     /// view (`--mode nri`: NRI alone).
@@ -304,6 +311,25 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `--scheduler-slice`: a slice, or none (`off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SchedulerSlice(pub(crate) Option<Duration>);
+
+/// `--scheduler-slice`: `off`, or a duration within the kernel's bounds.
+fn parse_slice(s: &str) -> Result<SchedulerSlice, String> {
+    if s.trim() == "off" {
+        return Ok(SchedulerSlice(None));
+    }
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("invalid duration {s:?}: {e} (e.g. 100us, 1ms, or off)"))?;
+    if d < Duration::from_micros(100) || d > Duration::from_millis(100) {
+        return Err(format!(
+            "{s:?}: the kernel takes slices from 100us to 100ms (or off)"
+        ));
+    }
+    Ok(SchedulerSlice(Some(d)))
+}
+
 /// `[RUNTIME:]PATH`, an absolute host path.
 fn parse_state_root(s: &str) -> Result<(lookout_model::RuntimeKind, PathBuf), String> {
     let (runtime, path) = match s.split_once(':') {
@@ -338,6 +364,20 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn scheduler_slices_are_off_or_within_the_kernels_bounds() {
+        let us = |n| Ok(SchedulerSlice(Some(Duration::from_micros(n))));
+        assert_eq!(parse_slice("100us"), us(100));
+        assert_eq!(parse_slice("1ms"), us(1000));
+        assert_eq!(parse_slice("100ms"), us(100_000));
+        assert_eq!(parse_slice("off"), Ok(SchedulerSlice(None)));
+        for bad in ["", "x", "0", "99us", "101ms", "1s", "-1ms", "100"] {
+            let e = parse_slice(bad).expect_err(bad);
+            assert!(!e.is_empty());
+        }
+        assert!(parse_slice("50us").is_err_and(|e| e.contains("100us to 100ms")));
     }
 
     #[test]

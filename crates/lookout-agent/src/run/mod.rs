@@ -135,6 +135,27 @@ pub(crate) fn run_with(
     // main runtime runs the runtime hook's task, which answers `create`,
     // `run` and `start`, and shares nothing with them that can stall.
     let side = SideRuntime::start()?;
+    // This thread runs the hook's task, which answers `create` and `start`.
+    // Asked after the side runtime's thread started, which keeps the
+    // kernel's default (hook processes, the Kubernetes client); the
+    // threads started from here on inherit it.
+    if let Some(slice) = args.scheduler_slice.0 {
+        use lookout_host::sched::{Slice, request_slice};
+        match request_slice(slice) {
+            Ok(Slice::Set(d)) => {
+                tracing::info!(slice = ?d, "threads that runtimes wait on ask for short scheduler slices")
+            }
+            Ok(Slice::Unsupported) => tracing::info!(
+                "this kernel has no custom scheduler slices (Linux 6.12+): the default slice stays"
+            ),
+            Ok(Slice::OtherPolicy(policy)) => tracing::info!(
+                policy,
+                "the agent runs under a scheduling policy of its operator's: its slice stays"
+            ),
+            Ok(other) => tracing::info!(?other, "scheduler slice left as it was"),
+            Err(e) => tracing::info!(%e, "cannot ask for a scheduler slice: the default stays"),
+        }
+    }
     let result = rt.block_on(run_async(
         args,
         bpf_object,

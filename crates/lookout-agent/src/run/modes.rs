@@ -187,6 +187,7 @@ impl Ladder<'_> {
                         .observer(Arc::clone(metrics) as _)
                         .start_barrier(Arc::clone(&barrier), start_cap)
                         .answer_deadline(args.answer_deadline)
+                        .scheduler_slice(args.scheduler_slice.0)
                         .enrich({
                             let index = Arc::clone(&index);
                             move |c| crate::merge::enrich_from(&index, c)

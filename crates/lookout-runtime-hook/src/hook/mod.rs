@@ -55,7 +55,11 @@ struct Config {
     start_barrier_cap: Duration,
     state_roots: Vec<(RuntimeKind, PathBuf)>,
     enrich: Option<Enrich>,
+    slice: Option<Duration>,
 }
+
+/// [`Builder::scheduler_slice`]'s default: the shortest the kernel takes.
+pub const DEFAULT_SCHEDULER_SLICE: Duration = Duration::from_micros(100);
 
 /// What [`Builder::enrich`] keeps.
 type Enrich = Arc<dyn Fn(&mut Container) + Send + Sync>;
@@ -92,6 +96,7 @@ impl std::fmt::Debug for Builder {
             .field("start_barrier_cap", &c.start_barrier_cap)
             .field("state_roots", &c.state_roots)
             .field("enrich", &c.enrich.is_some())
+            .field("slice", &c.slice)
             .finish()
     }
 }
@@ -110,6 +115,7 @@ impl Default for Builder {
                 start_barrier_cap: Duration::from_secs(10),
                 state_roots: Vec::new(),
                 enrich: None,
+                slice: Some(DEFAULT_SCHEDULER_SLICE),
             },
         }
     }
@@ -174,6 +180,20 @@ impl Builder {
     /// sink that filled it in later would have to copy it.
     pub fn enrich(mut self, f: impl Fn(&mut Container) + Send + Sync + 'static) -> Self {
         self.config.enrich = Some(Arc::new(f));
+        self
+    }
+
+    /// The scheduler time slice the answering thread and the reader
+    /// threads ask for (default 100 us; `None`: the kernel's default).
+    ///
+    /// Linux 6.12+ only, and no more CPU time: a thread with a short slice
+    /// runs sooner after it wakes (see [`lookout_host::sched`]). A runtime's
+    /// exec waits on the answering thread, a container's report on the
+    /// readers. The thread that drives [`RuntimeHook::run`] is the caller's:
+    /// ask for it there too ([`lookout_host::sched::request_slice`]); the
+    /// readers started from it inherit it anyway.
+    pub fn scheduler_slice(mut self, slice: Option<Duration>) -> Self {
+        self.config.slice = slice;
         self
     }
 
@@ -343,6 +363,7 @@ impl RuntimeHook {
             config.answer_deadline,
         ));
         let marked = Arc::new(Marked::default());
+        crate::bounded::set_reader_slice(config.slice);
         let (exec_tx, execs) = mpsc::channel(1024);
         let ring = capture.as_mut().and_then(ExecCapture::take_ring);
         let lifecycle = Lifecycle::default();
@@ -353,6 +374,7 @@ impl RuntimeHook {
             Arc::clone(&marked),
             lifecycle.shared_pids(),
             exec_tx,
+            config.slice,
         )
         .map_err(Error::Thread)?;
         let (notices_tx, notices_rx) = mpsc::channel(1024);
