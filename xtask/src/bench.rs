@@ -227,24 +227,7 @@ impl Agent {
 
     /// Events by container id: (added ns, removed ns).
     fn events(&self) -> Events {
-        let mut m = Events::new();
-        let Ok(f) = std::fs::File::open(&self.out) else {
-            return m;
-        };
-        for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-            let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            let id = v["container"]["id"].as_str().unwrap_or_default().to_owned();
-            let ns = v["monotonic_ns"].as_u64().unwrap_or(0);
-            let e = m.entry(id).or_default();
-            if v["event"] == "added" {
-                e.0.push(ns);
-            } else {
-                e.1.push(ns);
-            }
-        }
-        m
+        events_in(&self.out)
     }
 
     /// Stops the agent (SIGTERM) and reaps it.
@@ -737,8 +720,11 @@ const PARTS: &[Part] = &[
         needs: Needs::AgentAndFloor,
         run: |opts, paths| {
             fresh_dir(&paths.work)?;
-            let mut d = discovery_interleaved(opts, paths, &[paths.lookout.as_path()])?;
-            Ok(entries([("discovery_us", d.pop().unwrap_or_default())]))
+            let (mut d, work_floor) =
+                discovery_interleaved(opts, paths, &[paths.lookout.as_path()])?;
+            let mut d = d.pop().unwrap_or_default();
+            d["work_floor"] = work_floor;
+            Ok(entries([("discovery_us", d)]))
         },
         print: |report| {
             println!("\n| measurement | p50 | p99 |\n|---|---|---|");
@@ -985,10 +971,18 @@ fn agent_runs(opts: &Options, paths: &Paths, agents: &[&Path]) -> anyhow::Result
     // Side by side, the discovery rows come from containers interleaved
     // between the agents; the shared agent's run above stays (what the
     // memory row measures follows it) as `discovery_shared_us`.
+    // The work floor's lags: in turns with the agents side by side, alone
+    // (in the same blocks) otherwise.
     if n > 1 {
-        let interleaved = discovery_interleaved(opts, paths, agents)?;
-        for (shared, d) in shared.iter_mut().zip(interleaved) {
+        let (interleaved, work_floor) = discovery_interleaved(opts, paths, agents)?;
+        for (shared, mut d) in shared.iter_mut().zip(interleaved) {
+            d["work_floor"] = work_floor.clone();
             shared[1] = json!({"interleaved": d, "shared": shared[1].take()});
+        }
+    } else {
+        let (_, work_floor) = discovery_interleaved(opts, paths, &[])?;
+        for shared in &mut shared {
+            shared[1]["work_floor"] = work_floor.clone();
         }
     }
     // Consumers: gate subscribers and watchers (issue #12).
@@ -1299,7 +1293,7 @@ fn discovery(opts: &Options, work: &Path, agent: &Agent) -> anyhow::Result<Value
         ),
     );
     let bundle = latency_bundle(work)?;
-    Ok(discovery_block(work, &bundle, agent, "bench-lat", opts.latency)?.report())
+    Ok(discovery_block(work, &bundle, &agent.out, "bench-lat", opts.latency)?.report())
 }
 
 /// Blocks the agents take turns in for the interleaved discovery
@@ -1319,41 +1313,58 @@ fn discovery_interleaved(
     opts: &Options,
     paths: &Paths,
     agents: &[&Path],
-) -> anyhow::Result<Vec<Value>> {
+) -> anyhow::Result<(Vec<Value>, Value)> {
     let n = agents.len();
     let per = opts.latency.div_ceil(DISCOVERY_BLOCKS).max(1);
     say(
         "bench",
         &format!(
-            "discovery latency, interleaved: {} containers per agent, in {DISCOVERY_BLOCKS} \
-             blocks of {per} each agent takes turns in",
+            "discovery latency, interleaved: {} containers per agent and for the work floor, in \
+             {DISCOVERY_BLOCKS} blocks of {per} they take turns in",
             per * DISCOVERY_BLOCKS
         ),
     );
     let bundle = latency_bundle(&paths.work)?;
-    let mut all: Vec<Lags> = (0..n).map(|_| Lags::default()).collect();
+    let runc = in_path("runc")?;
+    // The agents, then the work floor (index n).
+    let mut all: Vec<Lags> = (0..=n).map(|_| Lags::default()).collect();
     for b in 0..DISCOVERY_BLOCKS {
-        for k in (0..n).map(|k| (k + b) % n) {
-            let (agent, _) = Agent::start(agents[k], &paths.work, &[])?;
+        for k in (0..=n).map(|k| (k + b) % (n + 1)) {
+            // The work floor marks the runc the agents watch, named runc:
+            // no agent runs during its block.
+            let (agent, floor, events) = if k < n {
+                let (agent, _) = Agent::start(agents[k], &paths.work, &[])?;
+                let out = agent.out.clone();
+                (Some(agent), None, out)
+            } else {
+                let dir = paths.work.join("discovery-work-floor");
+                let floor = Floor::start_work(&paths.floors, &runc, &dir)?;
+                (None, Some(floor), dir.join("floor.out"))
+            };
             discovery_block(
                 &paths.work,
                 &bundle,
-                &agent,
+                &events,
                 &format!("bench-ilat-w{b}-{k}"),
                 DISCOVERY_WARM_UP,
             )?;
             let lags = discovery_block(
                 &paths.work,
                 &bundle,
-                &agent,
+                &events,
                 &format!("bench-ilat{b}-{k}"),
                 per,
             )?;
-            agent.stop();
+            if let Some(agent) = agent {
+                agent.stop();
+            }
+            drop(floor);
             all[k].extend(lags);
         }
     }
-    Ok(all.into_iter().map(|l| l.report()).collect())
+    let mut reports: Vec<Value> = all.into_iter().map(|l| l.report()).collect();
+    let work_floor = reports.pop().unwrap_or_default();
+    Ok((reports, work_floor))
 }
 
 /// What a discovery run measured, in microseconds.
@@ -1405,7 +1416,7 @@ fn latency_bundle(work: &Path) -> anyhow::Result<PathBuf> {
 fn discovery_block(
     work: &Path,
     bundle: &Path,
-    agent: &Agent,
+    events: &Path,
     prefix: &str,
     count: usize,
 ) -> anyhow::Result<Lags> {
@@ -1459,10 +1470,10 @@ fn discovery_block(
         )
     };
     let deadline = Instant::now() + Duration::from_secs(5);
-    while missing(&agent.events()) != (0, 0) && Instant::now() < deadline {
+    while missing(&events_in(events)) != (0, 0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let ev = agent.events();
+    let ev = events_in(events);
     let (missing_added, missing_removed) = missing(&ev);
     let lags = Lags {
         create_exec_to_added: lags(&exec_at, &ev, Kind::Added),
@@ -1482,6 +1493,29 @@ fn discovery_block(
 /// Events by container id: (added ns, removed ns), as [`Agent::events`]
 /// returns them.
 type Events = HashMap<String, (Vec<u64>, Vec<u64>)>;
+
+/// The events in `out`, JSON lines as the agent and the work floor print
+/// them.
+fn events_in(out: &Path) -> Events {
+    let mut m = Events::new();
+    let Ok(f) = std::fs::File::open(out) else {
+        return m;
+    };
+    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let id = v["container"]["id"].as_str().unwrap_or_default().to_owned();
+        let ns = v["monotonic_ns"].as_u64().unwrap_or(0);
+        let e = m.entry(id).or_default();
+        if v["event"] == "added" {
+            e.0.push(ns);
+        } else {
+            e.1.push(ns);
+        }
+    }
+    m
+}
 
 /// Which of a container's events.
 #[derive(Debug, Clone, Copy)]
@@ -1819,6 +1853,20 @@ fn print_discovery_rows(d: &Value) {
         ("container exit -> Removed (us)", "exit_to_removed"),
     ] {
         p50_p99(name, &d[key]);
+    }
+    for (name, key) in [
+        (
+            "work floor: create exit -> its added line (us)",
+            "create_exit_to_added",
+        ),
+        (
+            "work floor: container exit -> its removed line (us)",
+            "exit_to_removed",
+        ),
+    ] {
+        if d["work_floor"].is_object() {
+            p50_p99(name, &d["work_floor"][key]);
+        }
     }
     for (name, key) in [
         (

@@ -341,6 +341,23 @@ const ROWS: &[Row] = &[
         floor: Some(|r| at(r, &["discovery_us", "floor", "exit_to_woken", "p99"])),
     },
     Row {
+        name: "work floor: create exit -> its added line, p99 (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &["discovery_us", "work_floor", "create_exit_to_added", "p99"],
+            )
+        },
+        floor: None,
+    },
+    Row {
+        name: "work floor: container exit -> its removed line, p99 (us)",
+        goal: Goal::Informational,
+        read: |r| at(r, &["discovery_us", "work_floor", "exit_to_removed", "p99"]),
+        floor: None,
+    },
+    Row {
         name: "create exit -> Added, p50 (us)",
         goal: Goal::Informational,
         read: |r| at(r, &["discovery_us", "create_exit_to_added", "p50"]),
