@@ -210,6 +210,118 @@ pub(crate) async fn bounded_async<T: Send + 'static>(
     }
 }
 
+/// Readers waiting for a process to exit before they read, at most (see
+/// [`after_exit`]): past this, callers wait on their own task and hand the
+/// read over after the exit, as for any read.
+pub(crate) const MAX_EXIT_WAITERS: usize = 8;
+
+static EXIT_WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A place among the readers that wait for an exit ([`MAX_EXIT_WAITERS`]),
+/// given back when dropped.
+pub(crate) struct ExitPlace(());
+
+impl Drop for ExitPlace {
+    fn drop(&mut self) {
+        EXIT_WAITERS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A place for [`after_exit`], if one is free and no read is stuck past
+/// the limit.
+pub(crate) fn exit_place() -> Option<ExitPlace> {
+    use std::sync::atomic::Ordering;
+    if STUCK_READERS.load(Ordering::Acquire) >= MAX_STUCK_READERS {
+        return None;
+    }
+    if EXIT_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_EXIT_WAITERS {
+        EXIT_WAITERS.fetch_sub(1, Ordering::AcqRel);
+        return None;
+    }
+    Some(ExitPlace(()))
+}
+
+/// Runs `f` on a reader thread once the process behind `pidfd` has exited
+/// (at once without one), and waits at most `deadline` *from that exit*
+/// for it. Saves the hand-over of a read that must follow an exit: the
+/// reader is woken by the exit itself, not by a task that was.
+///
+/// `place` ([`exit_place`]) is held while the reader waits for the exit:
+/// a process that never exits holds it, and its reader, until it does.
+/// `None` when no reader could start (then `f` is dropped unrun).
+pub(crate) fn after_exit<T: Send + 'static>(
+    place: ExitPlace,
+    pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<impl std::future::Future<Output = Result<T, &'static str>> + Send + 'static> {
+    use std::sync::atomic::Ordering;
+    // When the exit came (CLOCK_MONOTONIC ns; 0: not yet).
+    let exited = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = std::sync::Arc::clone(&exited);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let reader = Reader::start(
+        move || {
+            if let Some(fd) = &pidfd {
+                wait_readable(fd);
+            }
+            seen.store(lookout_model::monotonic_ns().max(1), Ordering::Release);
+            drop(place);
+            f()
+        },
+        move |out| {
+            let _ = tx.send(out);
+        },
+    )
+    .ok()?;
+    Some(async move {
+        let mut rx = rx;
+        // The deadline runs from the exit: until then the reader only
+        // waits, and the process may take as long as it likes. Checked
+        // once a deadline, without a wake-up per check before that.
+        let mut wait = deadline;
+        loop {
+            match tokio::time::timeout(wait, &mut rx).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(_)) => return Err(NO_ANSWER),
+                Err(_) => {
+                    let at = exited.load(Ordering::Acquire);
+                    if at == 0 {
+                        wait = deadline;
+                        continue;
+                    }
+                    let since = std::time::Duration::from_nanos(
+                        lookout_model::monotonic_ns().saturating_sub(at),
+                    );
+                    match deadline.checked_sub(since) {
+                        Some(left) if !left.is_zero() => wait = left,
+                        _ => {
+                            reader.abandon();
+                            return Err(TOO_LATE);
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Blocks until `fd` (a pidfd) is readable: its process exited. An error
+/// other than `EINTR` counts as the exit (the caller reads, and finds out).
+fn wait_readable(fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsFd;
+    loop {
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return,
+        }
+    }
+}
+
 /// Runs `f` on a helper thread and waits at most `deadline` for it. A read
 /// that takes longer is abandoned (its thread ends whenever the file system
 /// answers); while [`MAX_STUCK_READERS`] abandoned reads still run, no new
@@ -320,6 +432,112 @@ pub(crate) mod tests {
         assert!(now <= stuck, "{stuck} stuck before, {now} after");
         // Reads still run afterwards.
         assert_eq!(bounded(Duration::from_secs(5), || 3), Ok(3));
+    }
+
+    /// A child that lives `secs`, and a pidfd for it.
+    fn child(secs: &str) -> (std::process::Child, std::sync::Arc<std::os::fd::OwnedFd>) {
+        let c = std::process::Command::new("sleep")
+            .arg(secs)
+            .spawn()
+            .expect("sleep");
+        let fd = crate::pidfd::pidfd_open(c.id()).expect("pidfd");
+        (c, std::sync::Arc::new(fd))
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_read_after_an_exit_waits_for_it_and_its_deadline_runs_from_it() {
+        let _serial = STUCK_COUNT_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::time::{Duration, Instant};
+        // The process outlives the deadline: the wait is not the read's.
+        let (mut c, fd) = child("0.4");
+        let t = Instant::now();
+        let place = exit_place().expect("a place");
+        let done =
+            after_exit(place, Some(fd), Duration::from_millis(100), || 42).expect("a reader");
+        assert_eq!(block_on(done), Ok(42));
+        assert!(
+            t.elapsed() >= Duration::from_millis(350),
+            "{:?}",
+            t.elapsed()
+        );
+        let _ = c.wait();
+        // Without a pidfd (the process was gone): read at once.
+        let place = exit_place().expect("a place");
+        let done = after_exit(place, None, Duration::from_secs(5), || 7).expect("a reader");
+        assert_eq!(block_on(done), Ok(7));
+    }
+
+    #[test]
+    fn a_read_after_an_exit_that_hangs_is_abandoned_a_deadline_after_the_exit() {
+        let _serial = STUCK_COUNT_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::time::{Duration, Instant};
+        let before = STUCK_READERS.load(std::sync::atomic::Ordering::Acquire);
+        let (mut c, fd) = child("0.2");
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let t = Instant::now();
+        let place = exit_place().expect("a place");
+        let done = after_exit(place, Some(fd), Duration::from_millis(300), move || {
+            let _ = hung.recv();
+        })
+        .expect("a reader");
+        assert_eq!(block_on(done), Err(TOO_LATE));
+        // The exit at 0.2 s, the deadline 0.3 s after it.
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(450), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(
+            STUCK_READERS.load(std::sync::atomic::Ordering::Acquire),
+            before + 1
+        );
+        let _ = c.wait();
+        drop(release);
+        let t = Instant::now();
+        while STUCK_READERS.load(std::sync::atomic::Ordering::Acquire) > before {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the reader never ended"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn readers_waiting_for_exits_are_capped() {
+        let _serial = STUCK_COUNT_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        use std::time::Duration;
+        let mut waiting = Vec::new();
+        let mut children = Vec::new();
+        for _ in 0..MAX_EXIT_WAITERS {
+            let (c, fd) = child("30");
+            let place = exit_place().expect("a place below the cap");
+            let done = after_exit(place, Some(fd), Duration::from_secs(1), || 1).expect("reader");
+            children.push(c);
+            waiting.push(done);
+        }
+        // Every place is taken by a reader that waits; none is left.
+        assert!(exit_place().is_none());
+        // An exit gives its place back once its reader wakes.
+        let mut first = children.remove(0);
+        let _ = first.kill();
+        let _ = first.wait();
+        assert_eq!(block_on(waiting.remove(0)), Ok(1));
+        assert!(exit_place().is_some());
+        for mut c in children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for done in waiting {
+            assert_eq!(block_on(done), Ok(1));
+        }
+        assert!(exit_place().is_some());
     }
 
     #[test]

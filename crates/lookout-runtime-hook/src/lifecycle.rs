@@ -284,6 +284,17 @@ impl<P> Lifecycle<P> {
         Some(t.record)
     }
 
+    /// Pending container `id`, for a read that starts before the lifecycle
+    /// asks for it (see the hook's `Prefetch`): its config moves to the
+    /// copy (the read puts it in the container), the rest is cloned.
+    pub fn take_for_read(&mut self, id: &str) -> Option<Pending> {
+        let p = self.pending.get_mut(id)?;
+        let config = p.config.take();
+        let mut copy = p.clone();
+        copy.config = config;
+        Some(copy)
+    }
+
     /// How many containers are pending, resolving and tracked.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.pending.len(), self.resolving.len(), self.tracked.len())
@@ -546,6 +557,32 @@ mod tests {
                 Effect::WatchRun { id, pid, .. } => format!("watch-run:{id}:{pid}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_read_that_starts_early_takes_the_config_and_leaves_the_rest() {
+        let mut l = L::default();
+        let now = Instant::now();
+        let mut p = pending(now);
+        p.config = Some(OciConfig {
+            hostname: Some("web".into()),
+            ..OciConfig::default()
+        });
+        l.step(Input::Created {
+            id: "a".into(),
+            pending: p,
+            pid: 100,
+            perm: None,
+        });
+        assert!(l.take_for_read("b").is_none());
+        let copy = l.take_for_read("a").expect("pending");
+        assert_eq!(copy.config.and_then(|c| c.hostname).as_deref(), Some("web"));
+        assert_eq!(copy.root, PathBuf::from("/run/runc"));
+        // Still pending, its config gone with the copy; asked for as ever.
+        let again = l.take_for_read("a").expect("still pending");
+        assert!(again.config.is_none());
+        let e = l.step(Input::CreateExited { id: "a".into() });
+        assert_eq!(trace(&e), ["resolve:a"]);
     }
 
     #[test]

@@ -242,6 +242,28 @@ enum Notice {
     /// A `create`/`run`'s config.json was read (or not) off the task; its
     /// exec, still held when `perm` is set, goes on once it is noted.
     CreateRead(Box<CreateRead>),
+    /// A `create` exited and its container was read, by a reader that
+    /// waited for the exit itself (see [`Prefetch`]).
+    Prefetched {
+        id: String,
+        token: u64,
+        container: Box<Option<Container>>,
+    },
+}
+
+/// What reading a pending container gave: the container, why there is
+/// none, or why the read did not end (a hung file system).
+type ReadOutcome = Result<Result<Container, Unresolved>, &'static str>;
+
+/// A `create` whose container a reader reads as soon as the `create`
+/// exits, woken by the exit itself ([`crate::bounded::after_exit`]): one
+/// hand-over fewer than waking this task first, which then wakes a reader.
+enum Prefetch {
+    /// The reader waits or reads. `wanted`: the lifecycle asked for the
+    /// container already (a `start` came before the exit was noted).
+    InFlight { token: u64, wanted: bool },
+    /// Read; the lifecycle steps `CreateExited` next and asks for it.
+    Ready(Box<Option<Container>>),
 }
 
 /// An exit watch of a tracked container.
@@ -296,6 +318,10 @@ pub struct RuntimeHook {
     unread: late::Unread,
     /// How long [`Builder::build`] took, by phase.
     startup: StartupTimes,
+    /// `create`s read by a reader woken by their exit, by id.
+    prefetch: HashMap<String, Prefetch>,
+    /// Tells a prefetch from an earlier one of the same id.
+    next_prefetch: u64,
 }
 
 /// How long [`Builder::build`] took, by phase, so that an agent can report
@@ -394,6 +420,8 @@ impl RuntimeHook {
             learned_roots,
             unread: late::Unread::new(),
             startup: StartupTimes::default(),
+            prefetch: HashMap::new(),
+            next_prefetch: 0,
         };
         let binaries = hook.config.binaries.clone();
         for b in &binaries {
@@ -563,7 +591,7 @@ impl RuntimeHook {
     fn step(&mut self, input: Input<Held>, sink: &mut dyn Sink) {
         for effect in self.lifecycle.step(input) {
             match effect {
-                Effect::Resolve { id, pending, seen } => self.spawn_resolve(id, pending, seen),
+                Effect::Resolve { id, pending, seen } => self.resolve(id, pending, seen, sink),
                 Effect::WatchExit { id, pid, watch } => {
                     if let Some(cap) = self.capture.as_mut() {
                         cap.watch_exit(pid);
@@ -583,13 +611,7 @@ impl RuntimeHook {
                 }
                 Effect::Emit(event) => sink.emit(event),
                 Effect::Allow(perm) => perm.allow(),
-                Effect::WatchCreate { id, pid } => {
-                    let exited = pidfd::exit_of(pid);
-                    self.notify_after(async move {
-                        exited.await;
-                        Input::CreateExited { id }
-                    });
-                }
+                Effect::WatchCreate { id, pid } => self.watch_create(id, pid),
                 Effect::WatchRun {
                     id,
                     pid,
@@ -966,7 +988,128 @@ impl RuntimeHook {
             },
             Notice::CreateRead(r) => self.on_create_read(*r, sink),
             Notice::Late(late) => self.on_late(late, sink),
+            Notice::Prefetched {
+                id,
+                token,
+                container,
+            } => self.on_prefetched(id, token, container, sink),
         }
+    }
+
+    /// Watches a `create` process until it exits: a reader waits for the
+    /// exit and reads the container right after (see [`Prefetch`]), or,
+    /// with no reader free to wait, a task on this runtime, which then
+    /// steps `CreateExited`.
+    fn watch_create(&mut self, id: String, pid: u32) {
+        let fd = pidfd::pidfd_open(pid).ok().map(Arc::new);
+        if !self.prefetch.contains_key(&id)
+            && let Some(place) = crate::bounded::exit_place()
+            && let Some(p) = self.lifecycle.take_for_read(&id)
+        {
+            let token = self.next_prefetch;
+            self.next_prefetch += 1;
+            let kind = p.runtime.clone();
+            let read = self.read_job(id.clone(), p, None);
+            if let Some(done) =
+                crate::bounded::after_exit(place, fd.clone(), self.config.answer_deadline, read)
+            {
+                self.prefetch.insert(
+                    id.clone(),
+                    Prefetch::InFlight {
+                        token,
+                        wanted: false,
+                    },
+                );
+                let (tx, counters) = (self.notices_tx.clone(), Arc::clone(&self.counters));
+                tokio::spawn(async move {
+                    let container = Box::new(settle(&counters, &kind, &id, done.await));
+                    let _ = tx
+                        .send(Notice::Prefetched {
+                            id,
+                            token,
+                            container,
+                        })
+                        .await;
+                });
+                return;
+            }
+            // N.B. No reader could start (no thread): the read that follows
+            // the exit fails alike, and says so.
+        }
+        let exited = pidfd::exit_of_fd(fd);
+        self.notify_after(async move {
+            exited.await;
+            Input::CreateExited { id }
+        });
+    }
+
+    /// A prefetch ended: the lifecycle asked for its container already, or
+    /// learns now that the `create` exited, and asks (see
+    /// [`RuntimeHook::resolve`]).
+    fn on_prefetched(
+        &mut self,
+        id: String,
+        token: u64,
+        container: Box<Option<Container>>,
+        sink: &mut dyn Sink,
+    ) {
+        match self.prefetch.remove(&id) {
+            Some(Prefetch::InFlight { token: t, wanted }) if t == token => {
+                if wanted {
+                    self.step(
+                        Input::Resolved {
+                            id,
+                            container: *container,
+                        },
+                        sink,
+                    );
+                } else {
+                    self.prefetch.insert(id.clone(), Prefetch::Ready(container));
+                    self.step(Input::CreateExited { id: id.clone() }, sink);
+                    // Not asked for (reported first by a reconciliation, or
+                    // swept): dropped.
+                    self.prefetch.remove(&id);
+                }
+            }
+            // An earlier create's, of the same id: its exit still counts.
+            other => {
+                if let Some(other) = other {
+                    self.prefetch.insert(id.clone(), other);
+                }
+                self.step(Input::CreateExited { id }, sink);
+            }
+        }
+    }
+
+    /// The lifecycle asks for pending container `id`: from its prefetch
+    /// when it has one (read, or on the way), else read now.
+    fn resolve(&mut self, id: String, p: Pending, seen: Option<Observed>, sink: &mut dyn Sink) {
+        if seen.is_none() {
+            match self.prefetch.remove(&id) {
+                Some(Prefetch::Ready(container)) => {
+                    self.step(
+                        Input::Resolved {
+                            id,
+                            container: *container,
+                        },
+                        sink,
+                    );
+                    return;
+                }
+                Some(Prefetch::InFlight { token, .. }) => {
+                    self.prefetch.insert(
+                        id,
+                        Prefetch::InFlight {
+                            token,
+                            wanted: true,
+                        },
+                    );
+                    return;
+                }
+                None => {}
+            }
+        }
+        self.spawn_resolve(id, p, seen);
     }
 
     /// Reads the pid of pending container `id` and fills the container, on
@@ -975,68 +1118,87 @@ impl RuntimeHook {
     /// anything: the task goes on meanwhile), then steps
     /// `Input::Resolved`. `seen`: a `run` watcher saw it alive.
     fn spawn_resolve(&self, id: String, p: Pending, seen: Option<Observed>) {
-        let host_root = self.config.host_root.clone();
-        let (deadline, counters, tx) = (
-            self.config.answer_deadline,
-            Arc::clone(&self.counters),
-            self.notices_tx.clone(),
-        );
-        let (task_id, kind) = (id.clone(), p.runtime.clone());
-        let enrich = self.config.enrich.clone();
-        let read = move || {
-            let mut c = resolve(&host_root, &task_id, p, seen)?;
-            if let Some(f) = &enrich {
-                f(&mut c);
-            }
-            Ok(c)
-        };
+        let deadline = self.config.answer_deadline;
+        let (counters, tx) = (Arc::clone(&self.counters), self.notices_tx.clone());
+        let kind = p.runtime.clone();
+        let read = self.read_job(id.clone(), p, seen);
         tokio::spawn(async move {
-            let container = match crate::bounded::bounded_async(deadline, read).await {
-                Ok(Ok(c)) => Some(c),
-                Ok(Err(Unresolved::Failed(why))) => {
-                    tracing::debug!(id, why, "no pid: the create failed");
-                    None
-                }
-                Ok(Err(Unresolved::Missed {
-                    runtime,
-                    reason,
-                    why,
-                })) => {
-                    counters.missed(&runtime, reason);
-                    if reason == "unreadable-state" {
-                        tracing::warn!(
-                            runtime = %runtime,
-                            id,
-                            why,
-                            "the runtime made a container whose state cannot be read; not reported"
-                        );
-                    } else {
-                        counters.error("state");
-                        tracing::warn!(
-                            runtime = %runtime,
-                            id,
-                            why,
-                            "the runtime's state names no container process; not reported"
-                        );
-                    }
-                    None
-                }
-                Err(why) => {
-                    counters.error("state");
-                    counters.missed(&kind, "state-timeout");
-                    tracing::warn!(
-                        runtime = %kind,
-                        id,
-                        why,
-                        "cannot read the container's state or pid file; not reported"
-                    );
-                    None
-                }
-            };
+            let outcome = crate::bounded::bounded_async(deadline, read).await;
+            let container = settle(&counters, &kind, &id, outcome);
             let _ = tx
                 .send(Notice::Step(Box::new(Input::Resolved { id, container })))
                 .await;
         });
+    }
+
+    /// What a reader runs to read pending container `id` (see [`resolve`]),
+    /// enriched.
+    fn read_job(
+        &self,
+        id: String,
+        p: Pending,
+        seen: Option<Observed>,
+    ) -> impl FnOnce() -> Result<Container, Unresolved> + Send + 'static {
+        let host_root = self.config.host_root.clone();
+        let enrich = self.config.enrich.clone();
+        move || {
+            let mut c = resolve(&host_root, &id, p, seen)?;
+            if let Some(f) = &enrich {
+                f(&mut c);
+            }
+            Ok(c)
+        }
+    }
+}
+
+/// The container a read gave, or `None`, counted and logged.
+fn settle(
+    counters: &Counters,
+    kind: &RuntimeKind,
+    id: &str,
+    read: ReadOutcome,
+) -> Option<Container> {
+    match read {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(Unresolved::Failed(why))) => {
+            tracing::debug!(id, why, "no pid: the create failed");
+            None
+        }
+        Ok(Err(Unresolved::Missed {
+            runtime,
+            reason,
+            why,
+        })) => {
+            counters.missed(&runtime, reason);
+            if reason == "unreadable-state" {
+                tracing::warn!(
+                    runtime = %runtime,
+                    id,
+                    why,
+                    "the runtime made a container whose state cannot be read; not reported"
+                );
+            } else {
+                counters.error("state");
+                tracing::warn!(
+                    runtime = %runtime,
+                    id,
+                    why,
+                    "the runtime's state names no container process; not reported"
+                );
+            }
+            None
+        }
+        Err(why) => {
+            counters.error("state");
+            counters.missed(kind, "state-timeout");
+            tracing::warn!(
+                runtime = %kind,
+                id,
+                why,
+                "cannot read the container's state or pid file; not reported"
+            );
+            None
+        }
     }
 }
 
