@@ -235,6 +235,66 @@ fn threads_that_runtimes_wait_on_ask_for_short_scheduler_slices() {
 }
 
 #[test]
+fn a_start_while_its_create_still_runs_is_answered_without_waiting_for_the_create() {
+    if !ready("start_during_create") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A create that takes 6 s: its createRuntime hook sleeps (6.25 s: a
+    // duration no other test sleeps, which tells its process apart).
+    let b = bundle::busybox(&dir.path().join("b"), &["true"], |c| {
+        c["hooks"] = serde_json::json!({
+            "createRuntime": [{"path": "/bin/sleep", "args": ["sleep", "6.25"]}]
+        });
+    });
+    let agent = Agent::start(&rt, &[]);
+    let id = id("start-during-create");
+    let create = KillOnDrop(
+        Command::new(&rt.path)
+            .args(["create", "--bundle", b.to_str().expect("utf-8"), &id])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("runc create"),
+    );
+    // The create is past its exec (its hook runs) when the hook's sleep
+    // is there.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .any(|e| {
+            std::fs::read_to_string(e.path().join("cmdline"))
+                .is_ok_and(|c| c == "sleep\u{0}6.25\u{0}")
+        })
+    {
+        assert!(Instant::now() < deadline, "the create's hook never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A `start` now (a script that does not wait): its container is
+    // pending, and the agent holds it while it reads. It reads at once,
+    // as it would without a reader waiting for the create's exit: the
+    // start is answered (and fails: there is no container yet) long
+    // before the create ends.
+    let t = Instant::now();
+    let out = rt.run(&["start", &id]);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "a start during its create waited {took:?} (the create takes 6 s)"
+    );
+    assert!(
+        !out.status.success(),
+        "a start before its create ended succeeded"
+    );
+    drop(create);
+    rt.cleanup(&id);
+    assert_eq!(http_get(&agent.addr(), "/healthz").0, 200);
+}
+
+#[test]
 fn a_hundred_concurrent_containers_none_missed_none_duplicated() {
     if !ready("hundred_concurrent") {
         return;

@@ -295,6 +295,16 @@ impl<P> Lifecycle<P> {
         Some(copy)
     }
 
+    /// Gives pending container `id` back the config [`Lifecycle::take_for_read`]
+    /// took, when that read could not start.
+    pub fn restore_config(&mut self, id: &str, config: Option<OciConfig>) {
+        if let Some(p) = self.pending.get_mut(id)
+            && p.config.is_none()
+        {
+            p.config = config;
+        }
+    }
+
     /// How many containers are pending, resolving and tracked.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.pending.len(), self.resolving.len(), self.tracked.len())
@@ -581,6 +591,9 @@ mod tests {
         // Still pending, its config gone with the copy; asked for as ever.
         let again = l.take_for_read("a").expect("still pending");
         assert!(again.config.is_none());
+        // A read that could not start gives it back.
+        l.restore_config("a", Some(OciConfig::default()));
+        assert!(l.take_for_read("a").expect("pending").config.is_some());
         let e = l.step(Input::CreateExited { id: "a".into() });
         assert_eq!(trace(&e), ["resolve:a"]);
     }

@@ -259,9 +259,15 @@ type ReadOutcome = Result<Result<Container, Unresolved>, &'static str>;
 /// exits, woken by the exit itself ([`crate::bounded::after_exit`]): one
 /// hand-over fewer than waking this task first, which then wakes a reader.
 enum Prefetch {
-    /// The reader waits or reads. `wanted`: the lifecycle asked for the
-    /// container already (a `start` came before the exit was noted).
-    InFlight { token: u64, wanted: bool },
+    /// The reader waits or reads. `slot`: what it reads for, until it takes
+    /// it after the exit (a `start` that comes first takes it back and reads
+    /// at once, as without a prefetch). `wanted`: the lifecycle asked for
+    /// the container already, and waits for this read.
+    InFlight {
+        token: u64,
+        slot: Arc<std::sync::Mutex<Option<Pending>>>,
+        wanted: bool,
+    },
     /// Read; the lifecycle steps `CreateExited` next and asks for it.
     Ready(Box<Option<Container>>),
 }
@@ -1002,14 +1008,18 @@ impl RuntimeHook {
     /// steps `CreateExited`.
     fn watch_create(&mut self, id: String, pid: u32) {
         let fd = pidfd::pidfd_open(pid).ok().map(Arc::new);
-        if !self.prefetch.contains_key(&id)
-            && let Some(place) = crate::bounded::exit_place()
+        // An earlier create's, of this id: that create's pending entry is
+        // gone (this one replaced it; the lifecycle refuses a create of an
+        // id it resolves), and what its reader reads is dropped.
+        self.prefetch.remove(&id);
+        if let Some(place) = crate::bounded::exit_place()
             && let Some(p) = self.lifecycle.take_for_read(&id)
         {
             let token = self.next_prefetch;
             self.next_prefetch += 1;
             let kind = p.runtime.clone();
-            let read = self.read_job(id.clone(), p, None);
+            let slot = Arc::new(std::sync::Mutex::new(Some(p)));
+            let read = self.read_job_from(id.clone(), Arc::clone(&slot));
             if let Some(done) =
                 crate::bounded::after_exit(place, fd.clone(), self.config.answer_deadline, read)
             {
@@ -1017,12 +1027,19 @@ impl RuntimeHook {
                     id.clone(),
                     Prefetch::InFlight {
                         token,
+                        slot,
                         wanted: false,
                     },
                 );
                 let (tx, counters) = (self.notices_tx.clone(), Arc::clone(&self.counters));
                 tokio::spawn(async move {
-                    let container = Box::new(settle(&counters, &kind, &id, done.await));
+                    let read = match done.await {
+                        // Read elsewhere: a `start` came first.
+                        Ok(None) => return,
+                        Ok(Some(read)) => Ok(read),
+                        Err(why) => Err(why),
+                    };
+                    let container = Box::new(settle(&counters, &kind, &id, read));
                     let _ = tx
                         .send(Notice::Prefetched {
                             id,
@@ -1033,8 +1050,11 @@ impl RuntimeHook {
                 });
                 return;
             }
-            // N.B. No reader could start (no thread): the read that follows
-            // the exit fails alike, and says so.
+            // No reader could start (no thread now): the config goes back
+            // to the pending container, for the read after the exit.
+            if let Some(p) = lock_slot(&slot).take() {
+                self.lifecycle.restore_config(&id, p.config);
+            }
         }
         let exited = pidfd::exit_of_fd(fd);
         self.notify_after(async move {
@@ -1054,7 +1074,9 @@ impl RuntimeHook {
         sink: &mut dyn Sink,
     ) {
         match self.prefetch.remove(&id) {
-            Some(Prefetch::InFlight { token: t, wanted }) if t == token => {
+            Some(Prefetch::InFlight {
+                token: t, wanted, ..
+            }) if t == token => {
                 if wanted {
                     self.step(
                         Input::Resolved {
@@ -1071,18 +1093,19 @@ impl RuntimeHook {
                     self.prefetch.remove(&id);
                 }
             }
-            // An earlier create's, of the same id: its exit still counts.
+            // A newer create of this id replaced this one, with a watch of
+            // its own: this read is not its, and its create's end is no
+            // news to the lifecycle.
             other => {
                 if let Some(other) = other {
-                    self.prefetch.insert(id.clone(), other);
+                    self.prefetch.insert(id, other);
                 }
-                self.step(Input::CreateExited { id }, sink);
             }
         }
     }
 
     /// The lifecycle asks for pending container `id`: from its prefetch
-    /// when it has one (read, or on the way), else read now.
+    /// when it has one (read, or being read), else read now.
     fn resolve(&mut self, id: String, p: Pending, seen: Option<Observed>, sink: &mut dyn Sink) {
         if seen.is_none() {
             match self.prefetch.remove(&id) {
@@ -1096,14 +1119,26 @@ impl RuntimeHook {
                     );
                     return;
                 }
-                Some(Prefetch::InFlight { token, .. }) => {
-                    self.prefetch.insert(
-                        id,
-                        Prefetch::InFlight {
-                            token,
-                            wanted: true,
-                        },
-                    );
+                Some(Prefetch::InFlight { token, slot, .. }) => {
+                    let waiting = lock_slot(&slot).take();
+                    match waiting {
+                        // Its reader still waits for the `create` to exit (a
+                        // `start` came first): read now, as without a
+                        // prefetch, within the deadline from now; the reader
+                        // finds nothing left to read.
+                        Some(full) => self.spawn_resolve(id, full, None),
+                        // Being read: its deadline runs from the exit.
+                        None => {
+                            self.prefetch.insert(
+                                id,
+                                Prefetch::InFlight {
+                                    token,
+                                    slot,
+                                    wanted: true,
+                                },
+                            );
+                        }
+                    }
                     return;
                 }
                 None => {}
@@ -1131,6 +1166,27 @@ impl RuntimeHook {
         });
     }
 
+    /// [`RuntimeHook::read_job`] for a prefetch: it reads for what is in
+    /// `slot` when it runs, and for nothing (`None`) if a `start` took it
+    /// back meanwhile.
+    fn read_job_from(
+        &self,
+        id: String,
+        slot: Arc<std::sync::Mutex<Option<Pending>>>,
+    ) -> impl FnOnce() -> Option<Result<Container, Unresolved>> + Send + 'static {
+        let host_root = self.config.host_root.clone();
+        let enrich = self.config.enrich.clone();
+        move || {
+            let p = lock_slot(&slot).take()?;
+            Some(resolve(&host_root, &id, p, None).map(|mut c| {
+                if let Some(f) = &enrich {
+                    f(&mut c);
+                }
+                c
+            }))
+        }
+    }
+
     /// What a reader runs to read pending container `id` (see [`resolve`]),
     /// enriched.
     fn read_job(
@@ -1149,6 +1205,15 @@ impl RuntimeHook {
             Ok(c)
         }
     }
+}
+
+/// A prefetch's slot, locked (a read that panicked holding it left what it
+/// took; the rest is still sound).
+fn lock_slot(
+    slot: &std::sync::Mutex<Option<Pending>>,
+) -> std::sync::MutexGuard<'_, Option<Pending>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The container a read gave, or `None`, counted and logged.
