@@ -1991,7 +1991,17 @@ mod tests {
         Cli::command().debug_assert();
         let names: Vec<&str> = PARTS.iter().map(|p| p.name).collect();
         // The names docs/benchmarks.md uses; they must not change.
-        assert_eq!(names, ["agent", "exec", "consumers", "nri", "inode-map"]);
+        assert_eq!(
+            names,
+            [
+                "agent",
+                "exec",
+                "discovery",
+                "consumers",
+                "nri",
+                "inode-map"
+            ]
+        );
         for name in names {
             let parsed = only(name).expect("a part's name parses");
             let parts = selected(parsed.as_deref()).expect("a part's name selects it");
