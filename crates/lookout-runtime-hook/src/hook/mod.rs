@@ -1174,16 +1174,10 @@ impl RuntimeHook {
         id: String,
         slot: Arc<std::sync::Mutex<Option<Pending>>>,
     ) -> impl FnOnce() -> Option<Result<Container, Unresolved>> + Send + 'static {
-        let host_root = self.config.host_root.clone();
-        let enrich = self.config.enrich.clone();
+        let read = self.reader();
         move || {
             let p = lock_slot(&slot).take()?;
-            Some(resolve(&host_root, &id, p, None).map(|mut c| {
-                if let Some(f) = &enrich {
-                    f(&mut c);
-                }
-                c
-            }))
+            Some(read(&id, p, None))
         }
     }
 
@@ -1195,10 +1189,19 @@ impl RuntimeHook {
         p: Pending,
         seen: Option<Observed>,
     ) -> impl FnOnce() -> Result<Container, Unresolved> + Send + 'static {
+        let read = self.reader();
+        move || read(&id, p, seen)
+    }
+
+    /// [`resolve`] under this hook's host root, then its enrichment.
+    fn reader(
+        &self,
+    ) -> impl Fn(&str, Pending, Option<Observed>) -> Result<Container, Unresolved> + Send + 'static
+    {
         let host_root = self.config.host_root.clone();
         let enrich = self.config.enrich.clone();
-        move || {
-            let mut c = resolve(&host_root, &id, p, seen)?;
+        move |id, p, seen| {
+            let mut c = resolve(&host_root, id, p, seen)?;
             if let Some(f) = &enrich {
                 f(&mut c);
             }
