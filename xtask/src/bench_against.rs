@@ -422,19 +422,18 @@ const ROWS: &[Row] = &[
                 ],
             )
         },
-        // A held start waits for one answer through the API: at least a
-        // `List` round trip to an agent whose threads were parked, as
-        // they are when the hold begins.
+        // The gate floor: the work floor holding each start until one
+        // subscriber (the same client) answers, minus the same floor with
+        // none. An older report has only the floor of any answer through
+        // the API: a `List` round trip to an agent whose threads were
+        // parked, as they are when the hold begins.
         floor: Some(|r| {
+            let g = &["consumers", "gate_start_us"];
             at(
                 r,
-                &[
-                    "consumers",
-                    "gate_start_us",
-                    "list_round_trip_idle_us",
-                    "p50",
-                ],
+                &[g[0], g[1], "gate_floor", "back_to_back_added_paired_p50_us"],
             )
+            .or_else(|| at(r, &[g[0], g[1], "list_round_trip_idle_us", "p50"]))
         }),
     },
 ];
@@ -574,6 +573,36 @@ mod tests {
         assert_eq!(switches["this"], json!(14.5));
         assert_eq!(switches["floor"], json!(5.0));
         assert!(switches["goal_at_most"].is_null());
+    }
+
+    #[test]
+    fn the_gated_start_takes_the_gate_floor_and_an_older_report_the_list_round_trip() {
+        const ROW: &str = "runc start back to back, 1 subscriber, paired p50 (us)";
+        let gate = |extra: Value| {
+            let mut g = json!({
+                "subscribers_1": {"back_to_back_added_paired_p50_us": 210.0},
+                "list_round_trip_idle_us": {"p50": 120.0},
+            });
+            if let (Some(g), Some(extra)) = (g.as_object_mut(), extra.as_object()) {
+                g.extend(extra.clone());
+            }
+            json!({"consumers": {"gate_start_us": g}})
+        };
+        let row = |report: &Value| {
+            compare(report, &json!({}))
+                .as_array()
+                .and_then(|r| r.iter().find(|r| r["measure"] == ROW).cloned())
+                .unwrap_or_default()
+        };
+        let with_floor = row(&gate(
+            json!({"gate_floor": {"back_to_back_added_paired_p50_us": 180.0}}),
+        ));
+        assert_eq!(with_floor["this"], json!(210.0));
+        assert_eq!(with_floor["floor"], json!(180.0));
+        assert_eq!(with_floor["goal_below_floor"], json!(true));
+        let older = row(&gate(json!({})));
+        assert_eq!(older["floor"], json!(120.0));
+        assert_eq!(older["goal_below_floor"], json!(false));
     }
 
     #[test]

@@ -281,15 +281,95 @@ pub(super) fn bench_consumers(
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let gates = gates(lookout, work, &rt, rounds)?;
+    let gates = gates(lookout, floors, work, &rt, rounds)?;
     let watchers = watchers(lookout, floors, work, &rt, churn)?;
     rt.shutdown_background();
     Ok(json!({ "gate_start_us": gates, "watchers": watchers }))
 }
 
-/// 1. `runc start` with 0, 1 and 10 gate subscribers that allow at once.
+/// The work floor serving the least start gate (its `--gate`), on a copy
+/// of runc of its own: the gated start's floor.
+struct GateFloor {
+    runc: PathBuf,
+    socket: PathBuf,
+    out: PathBuf,
+    _floor: Floor,
+}
+
+impl GateFloor {
+    fn start(floors: &Floors, dir: &Path) -> anyhow::Result<GateFloor> {
+        std::fs::create_dir_all(dir)?;
+        // Not named `runc`: the agents' BPF programs, which pick execs by
+        // file name, then capture none of its execs, nor it theirs.
+        let runc = dir.join("runc-wf");
+        let system = in_path("runc")?;
+        lookout_testsupport::install_executable(&system, &runc)
+            .with_context(|| format!("copying {} to {}", system.display(), runc.display()))?;
+        let socket = dir.join("floor.sock");
+        let gate = format!("--gate={}", socket.to_str().context("utf-8 path")?);
+        let out = dir.join("floor.out");
+        let floor = Floor::start_with(
+            &floors.work,
+            &[&floors.bpf_object, Path::new(&gate), &runc],
+            dir,
+            Some(&out),
+        )?;
+        Ok(GateFloor {
+            runc,
+            socket,
+            out,
+            _floor: floor,
+        })
+    }
+}
+
+/// What a gate round does with an agent or a floor.
+trait Gated {
+    /// Runs its copy of runc with `args`; whether it succeeded.
+    fn run(&self, args: &[&str]) -> bool;
+    /// Waits until it reported container `id`.
+    fn wait_reported(&self, id: &str) -> anyhow::Result<()>;
+}
+
+impl Gated for Watched {
+    fn run(&self, args: &[&str]) -> bool {
+        Watched::run(self, args)
+    }
+
+    fn wait_reported(&self, id: &str) -> anyhow::Result<()> {
+        Watched::wait_reported(self, id)
+    }
+}
+
+impl Gated for GateFloor {
+    fn run(&self, args: &[&str]) -> bool {
+        runtime(&self.runc, args)
+    }
+
+    fn wait_reported(&self, id: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let quoted = format!("\"{id}\"");
+        while !std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .contains(&quoted)
+        {
+            if Instant::now() > deadline {
+                bail!(
+                    "the gate floor on {} never reported {id}",
+                    self.runc.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+}
+
+/// 1. `runc start` with 0, 1 and 10 gate subscribers that allow at once,
+///    and, in the same rounds, through the gate floor with 0 and 1.
 fn gates(
     lookout: &Path,
+    floors: &Floors,
     work: &Path,
     rt: &tokio::runtime::Runtime,
     rounds: usize,
@@ -315,6 +395,28 @@ fn gates(
         }
         wait_metric(a, "lookout_gate_subscribers", n as f64)?;
     }
+    // The gate floor, without a subscriber and with one (connected when
+    // `subscribe` returns: the floor registers it before it says so).
+    let gate_floors = [
+        GateFloor::start(floors, &work.join("gate-floor-0"))?,
+        GateFloor::start(floors, &work.join("gate-floor-1"))?,
+    ];
+    let floor_delivered: Arc<Mutex<Vec<f64>>> = Arc::default();
+    rt.block_on(subscribe(
+        gate_floors[1].socket.clone(),
+        "bench-floor".into(),
+        Arc::clone(&floor_delivered),
+    ))?;
+    let targets: Vec<&dyn Gated> = agents
+        .iter()
+        .map(|a| a as &dyn Gated)
+        .chain(gate_floors.iter().map(|f| f as &dyn Gated))
+        .collect();
+    let labels: Vec<String> = SUBSCRIBERS
+        .iter()
+        .map(|n| n.to_string())
+        .chain(["f0".into(), "f1".into()])
+        .collect();
     let bundle = work.join("bundle-gate");
     busybox_bundle(&bundle, &["sleep", "30"])?;
     let bs = bundle.to_str().context("utf-8 path")?;
@@ -322,37 +424,40 @@ fn gates(
     for a in &agents {
         drop_page_cache(&a.runc)?;
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); agents.len()];
-    let mut back_to_back: Vec<Vec<f64>> = vec![Vec::new(); agents.len()];
+    for f in &gate_floors {
+        drop_page_cache(&f.runc)?;
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut back_to_back: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for r in 0..WARMUP + rounds {
-        let ids: Vec<String> = SUBSCRIBERS
+        let ids: Vec<String> = labels
             .iter()
             .map(|n| format!("bench-gate{n}-{r}"))
             .collect();
-        let mut order: Vec<usize> = (0..agents.len()).collect();
+        let mut order: Vec<usize> = (0..targets.len()).collect();
         shuffle(&mut rng, &mut order);
         for &k in &order {
-            if !agents[k].run(&["create", "--bundle", bs, &ids[k]]) {
-                bail!("{} create {} failed", agents[k].runc.display(), ids[k]);
+            if !targets[k].run(&["create", "--bundle", bs, &ids[k]]) {
+                bail!("{} create {} failed", labels[k], ids[k]);
             }
         }
-        for (a, id) in agents.iter().zip(&ids) {
+        for (a, id) in targets.iter().zip(&ids) {
             a.wait_reported(id)?;
         }
         shuffle(&mut rng, &mut order);
         for &k in &order {
             let t = Instant::now();
-            let ok = agents[k].run(&["start", &ids[k]]);
+            let ok = targets[k].run(&["start", &ids[k]]);
             let us = t.elapsed().as_secs_f64() * 1e6;
             if !ok {
-                bail!("{} start {} failed", agents[k].runc.display(), ids[k]);
+                bail!("{} start {} failed", labels[k], ids[k]);
             }
             if r >= WARMUP {
                 times[k].push(us);
             }
         }
-        for (a, id) in agents.iter().zip(&ids) {
+        for (a, id) in targets.iter().zip(&ids) {
             a.run(&["delete", "--force", id]);
         }
         // Back to back: `start` right after `create` exits, as a script
@@ -361,19 +466,19 @@ fn gates(
         shuffle(&mut rng, &mut order);
         for &k in &order {
             let id = format!("{}-b", ids[k]);
-            if !agents[k].run(&["create", "--bundle", bs, &id]) {
-                bail!("{} create {id} failed", agents[k].runc.display());
+            if !targets[k].run(&["create", "--bundle", bs, &id]) {
+                bail!("{} create {id} failed", labels[k]);
             }
             let t = Instant::now();
-            let ok = agents[k].run(&["start", &id]);
+            let ok = targets[k].run(&["start", &id]);
             let us = t.elapsed().as_secs_f64() * 1e6;
             if !ok {
-                bail!("{} start {id} failed", agents[k].runc.display());
+                bail!("{} start {id} failed", labels[k]);
             }
             if r >= WARMUP {
                 back_to_back[k].push(us);
             }
-            agents[k].run(&["delete", "--force", &id]);
+            targets[k].run(&["delete", "--force", &id]);
         }
     }
     let pages: Vec<String> = agents.iter().map(Watched::metrics).collect();
@@ -394,18 +499,40 @@ fn gates(
         }
         anyhow::Ok((idle, busy))
     })?;
+    drop(targets);
+    drop(gate_floors);
     drop(agents);
 
     let p = |v: &[f64], q: f64| pct(&mut v.to_vec(), q);
+    let paired =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a - b).collect() };
+    let (f0, f1) = (SUBSCRIBERS.len(), SUBSCRIBERS.len() + 1);
+    let floor_delivered = floor_delivered
+        .lock()
+        .map(|d| d.clone())
+        .unwrap_or_default();
     let mut out = json!({ "rounds": rounds, "list_round_trip_idle_us": stats(&list_idle_us),
-        "list_round_trip_busy_us": stats(&list_busy_us) });
+        "list_round_trip_busy_us": stats(&list_busy_us),
+        // The work floor with the least gate and one subscriber, minus the
+        // same without one: what any gate that holds a start until one
+        // subscriber answers through lookout.v1 adds here.
+        "gate_floor": {
+            "start_us": stats(&times[f1]),
+            "start_ungated_us": stats(&times[f0]),
+            "added_paired_p50_us": p(&paired(&times[f1], &times[f0]), 0.5),
+            "back_to_back_start_us": stats(&back_to_back[f1]),
+            "back_to_back_start_ungated_us": stats(&back_to_back[f0]),
+            "back_to_back_added_paired_p50_us": p(&paired(&back_to_back[f1], &back_to_back[f0]), 0.5),
+            "holds_answered": floor_delivered.len(),
+            "hold_to_subscriber_us": stats(&floor_delivered),
+        } });
     for (k, n) in SUBSCRIBERS.iter().enumerate() {
         let page = &pages[k];
         let hold_s = metric_sum(page, "lookout_gate_hold_seconds_sum", "");
         let hold_n = metric_sum(page, "lookout_gate_hold_seconds_count", "");
         // Start k minus start 0 of the same round: the pair shares the
         // round's machine state.
-        let paired: Vec<f64> = times[k].iter().zip(&times[0]).map(|(a, b)| a - b).collect();
+        let pairs = paired(&times[k], &times[0]);
         let hold_mean_us = if hold_n > 0.0 {
             hold_s / hold_n * 1e6
         } else {
@@ -413,18 +540,14 @@ fn gates(
         };
         let wait_s = metric_sum(page, "lookout_gate_start_wait_seconds_sum", "");
         let wait_n = metric_sum(page, "lookout_gate_start_wait_seconds_count", "");
-        let b2b_paired: Vec<f64> = back_to_back[k]
-            .iter()
-            .zip(&back_to_back[0])
-            .map(|(a, b)| a - b)
-            .collect();
+        let b2b_paired = paired(&back_to_back[k], &back_to_back[0]);
         let delivered = delivered[k].lock().map(|d| d.clone()).unwrap_or_default();
         let out_mean_us = delivered.iter().sum::<f64>() / delivered.len().max(1) as f64;
         out[format!("subscribers_{n}")] = json!({
             "start_us": stats(&times[k]),
             "added_p50_us": p(&times[k], 0.5) - p(&times[0], 0.5),
             "added_p99_us": p(&times[k], 0.99) - p(&times[0], 0.99),
-            "added_paired_p50_us": p(&paired, 0.5),
+            "added_paired_p50_us": p(&pairs, 0.5),
             "holds_answered": delivered.len(),
             "decisions_allow": metric_sum(page, "lookout_gate_decisions_total", "outcome=\"allow\""),
             "decisions_not_allow": metric_sum(page, "lookout_gate_decisions_total", "")
@@ -1084,6 +1207,15 @@ pub fn print(v: &Value) {
             g(x, "start_wait_mean_us"),
         );
     }
+    let f = &gs["gate_floor"];
+    println!(
+        "the gate floor (the work floor holding each start for one subscriber): added, paired p50 {:+.0} us; \
+         back to back {:+.0} us; {} holds answered, p50 {:.0} us from hold to subscriber",
+        g(f, "added_paired_p50_us"),
+        g(f, "back_to_back_added_paired_p50_us"),
+        f["holds_answered"],
+        g(&f["hold_to_subscriber_us"], "p50"),
+    );
     println!(
         "a `List` round trip (the API's floor): after 2 ms idle p50 {:.0} us, p99 {:.0} us; \
          right after another p50 {:.0} us, p99 {:.0} us",

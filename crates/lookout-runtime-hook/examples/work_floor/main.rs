@@ -22,10 +22,14 @@
 //! `create`, takes a runtime it does not know by name for runc, and trusts
 //! what it reads.
 //!
+//! With `--gate=SOCKET` it also serves one start-gate subscriber (see
+//! `gate.rs`): each created container is held until the subscriber
+//! decides, as the agent's gate holds it.
+//!
 //! ```sh
 //! cargo xtask build-ebpf
 //! sudo cargo run --release -p lookout-runtime-hook --example work_floor -- \
-//!     target/bpf/lookout-ebpf.o /usr/sbin/runc
+//!     target/bpf/lookout-ebpf.o [--gate=/run/floor.sock] /usr/sbin/runc
 //! ```
 
 use std::collections::HashMap;
@@ -40,6 +44,8 @@ use lookout_runtime_hook::argv::{self, Command};
 use lookout_runtime_hook::oci::{self, OciConfig};
 use lookout_runtime_hook::{ExecCapture, state};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+mod gate;
 
 /// What a pidfd watches.
 enum Watch {
@@ -56,9 +62,18 @@ enum Watch {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let object = args.next().ok_or(USAGE)?;
-    let marked: Vec<String> = args.collect();
+    let (gated, mut args): (Vec<String>, Vec<String>) = std::env::args()
+        .skip(1)
+        .partition(|a| a.starts_with("--gate="));
+    let gate = match gated.last() {
+        Some(g) => Some(gate::Gate::serve(Path::new(&g["--gate=".len()..]))?),
+        None => None,
+    };
+    if args.is_empty() {
+        return Err(USAGE.into());
+    }
+    let object = args.remove(0);
+    let marked = args;
     if marked.is_empty() {
         return Err(USAGE.into());
     }
@@ -100,28 +115,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let execs = fds[0].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
-        if execs {
-            events.clear();
-            match group.read_events(&mut buf, &mut events) {
-                Ok(_) => {}
-                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
-                Err(e) => return Err(e.into()),
-            }
-            for mut e in events.drain(..) {
-                let Some(perm) = e.take_permission() else {
-                    continue;
-                };
-                // Paired by thread id; the process is the record's.
-                let record = capture.take(e.pid() as u32);
-                if let Some(r) = record
-                    && let Some(w) = on_exec(r.tgid as i32, &r.argv)
-                    && let Some(fd) = pidfd(r.tgid as i32)
-                {
-                    watches.insert(fd.as_raw_fd(), (fd, w));
-                }
-                perm.allow()?;
-            }
-        }
+        // Exits first: a `start` read in the same round as its `create`'s
+        // exit finds the container reported (and held).
         for k in exited {
             let Some((_, w)) = watches.remove(&k) else {
                 continue;
@@ -138,6 +133,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         continue;
                     };
                     let Some(pid) = c.pid else { continue };
+                    if let Some(g) = &gate {
+                        g.hold(&c);
+                    }
                     let event = ContainerEvent::added(Source::RuntimeHook, c.clone());
                     if let Some(fd) = pidfd(pid as i32) {
                         watches.insert(fd.as_raw_fd(), (fd, Watch::Init(Box::new(c))));
@@ -153,19 +151,60 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             out.write_all(&line)?;
             out.flush()?;
         }
+        if execs {
+            events.clear();
+            match group.read_events(&mut buf, &mut events) {
+                Ok(_) => {}
+                Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+                Err(e) => return Err(e.into()),
+            }
+            for mut e in events.drain(..) {
+                let Some(perm) = e.take_permission() else {
+                    continue;
+                };
+                // Paired by thread id; the process is the record's.
+                let record = capture.take(e.pid() as u32);
+                match record.and_then(|r| on_exec(r.tgid as i32, &r.argv)) {
+                    Some(Exec::Create(pid, w)) => {
+                        if let Some(fd) = pidfd(pid) {
+                            watches.insert(fd.as_raw_fd(), (fd, w));
+                        }
+                    }
+                    Some(Exec::Start(id)) => {
+                        if let Some(g) = &gate {
+                            // Held: the subscriber's decision answers it.
+                            if let Some(p) = g.start(&id, perm) {
+                                p.allow()?;
+                            }
+                            continue;
+                        }
+                    }
+                    None => {}
+                }
+                perm.allow()?;
+            }
+        }
     }
 }
 
-const USAGE: &str = "usage: work_floor BPF_OBJECT RUNTIME_BINARY...";
+const USAGE: &str = "usage: work_floor BPF_OBJECT [--gate=SOCKET] RUNTIME_BINARY...";
 
 /// A path's last component.
 fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// An exec the work floor acts on.
+enum Exec {
+    /// A `create` (its pid): what its pidfd should watch for.
+    Create(i32, Watch),
+    /// A `start` of this container.
+    Start(String),
+}
+
 /// Parses the argv of exec `pid` and, for a `create`, reads its
-/// config.json: what its pidfd should watch for.
-fn on_exec(pid: i32, argv: &[String]) -> Option<Watch> {
+/// config.json.
+fn on_exec(pid: i32, argv: &[String]) -> Option<Exec> {
     let binary = argv.first().map(|a| file_name(a))?;
     let mut inv = argv::parse(argv, binary).ok()?;
     // A copy of runc under another name (so that an agent beside it does
@@ -173,8 +212,10 @@ fn on_exec(pid: i32, argv: &[String]) -> Option<Watch> {
     if let RuntimeKind::Other(_) = inv.runtime {
         inv.runtime = RuntimeKind::Runc;
     }
-    let Command::Create(args) = &inv.command else {
-        return None;
+    let args = match &inv.command {
+        Command::Create(args) => args,
+        Command::Start { id } => return Some(Exec::Start(id.clone())),
+        _ => return None,
     };
     let cwd = proc::cwd(pid as u32);
     let bundle = inv.bundle(cwd.as_deref());
@@ -185,13 +226,16 @@ fn on_exec(pid: i32, argv: &[String]) -> Option<Watch> {
         .root
         .clone()
         .unwrap_or_else(|| state::default_root(&inv.runtime));
-    Some(Watch::Create {
-        id: args.id.clone(),
-        runtime: inv.runtime,
-        root,
-        bundle,
-        config,
-    })
+    Some(Exec::Create(
+        pid,
+        Watch::Create {
+            id: args.id.clone(),
+            runtime: inv.runtime,
+            root,
+            bundle,
+            config,
+        },
+    ))
 }
 
 /// The container a `create` that exited made, from its state file and its
