@@ -436,6 +436,34 @@ const ROWS: &[Row] = &[
             .or_else(|| at(r, &[g[0], g[1], "list_round_trip_idle_us", "p50"]))
         }),
     },
+    Row {
+        name: "held start's wait for 1 subscriber, mean (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "gate_start_us",
+                    "subscribers_1",
+                    "start_wait_mean_us",
+                ],
+            )
+        },
+        // How long the gate floor kept its starts unanswered, counted as
+        // the agent counts them: a steadier figure than the paired start.
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "consumers",
+                    "gate_start_us",
+                    "gate_floor",
+                    "start_wait_mean_us",
+                ],
+            )
+        }),
+    },
 ];
 
 /// The goal of the heavy-annotations row: twice the data held.

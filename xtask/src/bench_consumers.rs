@@ -293,6 +293,8 @@ struct GateFloor {
     runc: PathBuf,
     socket: PathBuf,
     out: PathBuf,
+    /// Its log: a `held ID MICROSECONDS` line per start of a held container.
+    err: PathBuf,
     _floor: Floor,
 }
 
@@ -318,8 +320,18 @@ impl GateFloor {
             runc,
             socket,
             out,
+            err: dir.join("floor.err"),
             _floor: floor,
         })
+    }
+
+    /// How long each start of a held container waited (microseconds).
+    fn start_waits(&self) -> Vec<f64> {
+        std::fs::read_to_string(&self.err)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix("held ")?.rsplit(' ').next()?.parse().ok())
+            .collect()
     }
 }
 
@@ -500,6 +512,7 @@ fn gates(
         anyhow::Ok((idle, busy))
     })?;
     drop(targets);
+    let floor_waits = gate_floors[1].start_waits();
     drop(gate_floors);
     drop(agents);
 
@@ -525,6 +538,11 @@ fn gates(
             "back_to_back_added_paired_p50_us": p(&paired(&back_to_back[f1], &back_to_back[f0]), 0.5),
             "holds_answered": floor_delivered.len(),
             "hold_to_subscriber_us": stats(&floor_delivered),
+            // As the agent's lookout_gate_start_wait_seconds: every start
+            // of a held container, 0 for one decided before it came.
+            "start_wait_us": stats(&floor_waits),
+            "start_wait_mean_us": floor_waits.iter().sum::<f64>() / floor_waits.len().max(1) as f64,
+            "held_starts": floor_waits.len(),
         } });
     for (k, n) in SUBSCRIBERS.iter().enumerate() {
         let page = &pages[k];
@@ -1210,11 +1228,16 @@ pub fn print(v: &Value) {
     let f = &gs["gate_floor"];
     println!(
         "the gate floor (the work floor holding each start for one subscriber): added, paired p50 {:+.0} us; \
-         back to back {:+.0} us; {} holds answered, p50 {:.0} us from hold to subscriber",
+         back to back {:+.0} us; {} holds answered, p50 {:.0} us from hold to subscriber; \
+         {} held starts waited {:.1} us on average (p50 {:.0}, p99 {:.0})",
         g(f, "added_paired_p50_us"),
         g(f, "back_to_back_added_paired_p50_us"),
         f["holds_answered"],
         g(&f["hold_to_subscriber_us"], "p50"),
+        f["held_starts"],
+        g(f, "start_wait_mean_us"),
+        g(&f["start_wait_us"], "p50"),
+        g(&f["start_wait_us"], "p99"),
     );
     println!(
         "a `List` round trip (the API's floor): after 2 ms idle p50 {:.0} us, p99 {:.0} us; \

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use lookout_api::v1 as pb;
 use lookout_fanotify::Permission;
@@ -32,8 +33,11 @@ struct State {
     /// The subscriber's queue of holds, while one is connected.
     subscriber: Option<mpsc::UnboundedSender<pb::Hold>>,
     last_id: u64,
-    /// Open holds by id: the container's id, and its start once it came.
-    open: HashMap<u64, (String, Option<Permission>)>,
+    /// Open holds by id: the container's id, and its start once it came
+    /// (and when).
+    open: HashMap<u64, (String, Option<(Permission, Instant)>)>,
+    /// Containers decided before their start came.
+    decided: std::collections::HashSet<String>,
 }
 
 impl Gate {
@@ -94,30 +98,49 @@ impl Gate {
 
     /// The exec of `start ID`: gives `perm` back to be answered now when
     /// nothing holds the start; else keeps it for the decision.
+    ///
+    /// Each start of a container it held logs `held ID MICROSECONDS` to
+    /// stderr: how long the start waited (0: decided before it came), the
+    /// figure the agent's `lookout_gate_start_wait_seconds` keeps.
     pub fn start(&self, id: &str, perm: Permission) -> Option<Permission> {
         let mut s = self.lock();
-        match s
+        let open = s
             .open
             .values_mut()
-            .find(|(held, p)| held == id && p.is_none())
-        {
+            .find(|(held, p)| held == id && p.is_none());
+        match open {
             Some((_, slot)) => {
-                *slot = Some(perm);
+                *slot = Some((perm, Instant::now()));
                 None
             }
             None => Some(perm),
         }
     }
 
+    /// After a start that [`Gate::start`] gave back was answered: logs a
+    /// start decided before it came as `held ID 0`.
+    pub fn answered(&self, id: &str) {
+        if self.lock().decided.remove(id) {
+            eprintln!("held {id} 0");
+        }
+    }
+
     /// The subscriber's decision on `hold_id`: answers its start if it came.
     fn decide(&self, hold_id: u64, allow: bool) {
-        let start = self.lock().open.remove(&hold_id).and_then(|(_, p)| p);
-        if let Some(perm) = start {
-            let answered = if allow { perm.allow() } else { perm.deny() };
-            if let Err(e) = answered {
-                eprintln!("answering a held start: {e}");
-            }
+        let mut s = self.lock();
+        let Some((id, start)) = s.open.remove(&hold_id) else {
+            return;
+        };
+        let Some((perm, since)) = start else {
+            s.decided.insert(id);
+            return;
+        };
+        drop(s);
+        let answered = if allow { perm.allow() } else { perm.deny() };
+        if let Err(e) = answered {
+            eprintln!("answering a held start: {e}");
         }
+        eprintln!("held {id} {}", since.elapsed().as_micros());
     }
 
     /// The subscriber went away: every start it held goes on.
@@ -126,6 +149,7 @@ impl Gate {
         s.subscriber = None;
         // Dropping an unanswered permission allows it.
         s.open.clear();
+        s.decided.clear();
     }
 }
 

@@ -175,6 +175,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             // Held: the subscriber's decision answers it.
                             if let Some(p) = g.start(&id, perm) {
                                 p.allow()?;
+                                g.answered(&id);
                             }
                             continue;
                         }
