@@ -454,11 +454,25 @@ impl ExecCapture {
     /// The exit code of `pid` (shell style: status, or 128 + signal), if
     /// it was recorded; forgets `pid` either way.
     pub fn take_exit_code(&mut self, pid: u32) -> Option<i32> {
-        let x = self.exit.as_mut()?;
-        let _ = x.watched.remove(&pid);
-        let raw = x.codes.get(&pid, 0).ok();
-        let _ = x.codes.remove(&pid);
-        raw.map(crate::btf::shell_exit_code)
+        let code = self.exit_code(pid);
+        self.forget_exit(pid);
+        code
+    }
+
+    /// The recorded exit code of `pid`, if any, without forgetting it: one
+    /// map lookup, all that a `removed` event waits for (the hook forgets
+    /// the pid once the event is out, [`ExecCapture::forget_exit`]).
+    pub(crate) fn exit_code(&self, pid: u32) -> Option<i32> {
+        let x = self.exit.as_ref()?;
+        x.codes.get(&pid, 0).ok().map(crate::btf::shell_exit_code)
+    }
+
+    /// Forgets `pid`: its watch and its recorded exit code.
+    pub(crate) fn forget_exit(&mut self, pid: u32) {
+        if let Some(x) = self.exit.as_mut() {
+            let _ = x.watched.remove(&pid);
+            let _ = x.codes.remove(&pid);
+        }
     }
 
     /// Captures execs of files called `name` from now on.

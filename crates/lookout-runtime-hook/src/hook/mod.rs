@@ -963,19 +963,26 @@ impl RuntimeHook {
                     // exit is handled. Not for a late notice of an earlier
                     // container, while a newer one has its pid (reused):
                     // that code is the newer one's, to come.
-                    if self.lifecycle.tracked_watch(id) == Some(*watch)
-                        || !self.lifecycle.holds_pid(*pid)
-                    {
-                        *code = self
-                            .capture
-                            .as_mut()
-                            .and_then(|cap| cap.take_exit_code(*pid));
+                    let pid = *pid;
+                    let ours = self.lifecycle.tracked_watch(id) == Some(*watch)
+                        || !self.lifecycle.holds_pid(pid);
+                    if ours {
+                        *code = self.capture.as_ref().and_then(|cap| cap.exit_code(pid));
                     }
                     // Each watch is for one container: whether its exit
                     // ends it now, or ended nothing (an earlier notice
                     // did), the watch is done.
-                    self.exits.remove(watch);
+                    let done = self.exits.remove(watch);
                     self.step(*input, sink);
+                    // The clean-up waits until the event is out: the
+                    // pidfd's close and two map deletions were a third of
+                    // the time from the exit's wake-up to `removed`. No
+                    // other input runs in between, so no newer container
+                    // can have taken the pid's watch meanwhile.
+                    drop(done);
+                    if ours && let Some(cap) = self.capture.as_mut() {
+                        cap.forget_exit(pid);
+                    }
                 }
                 // A container in a shared sandbox ends with its delete; its
                 // watch would wait for the sandbox's exit.
