@@ -33,6 +33,10 @@ fn in_gvisor(runsc: &Path, dir: &Path, data: &Path, name: &str, script: &str) ->
     let out = Command::new(runsc)
         .arg("--platform=ptrace")
         .arg("--network=none")
+        // No cgroup per sandbox: runsc takes a failed `statfs` of
+        // /sys/fs/cgroup for cgroup v1, and made a v1 path once in CI on
+        // this v2-only machine (see lookout-agent's tests/runsc.rs).
+        .arg("--ignore-cgroups")
         .arg("--root")
         .arg(dir.join("runsc-root"))
         .args(["run", "--bundle"])
