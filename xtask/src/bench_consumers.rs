@@ -39,6 +39,17 @@ const WARMUP: usize = 5;
 /// `List` calls timed as the API's round-trip floor.
 const LIST_CALLS: usize = 200;
 
+/// Copies the system's runc to `dir/name` (`dir` made first): each agent
+/// and floor marks a copy of its own, since fanotify marks are per inode.
+fn runc_copy(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let system = in_path("runc")?;
+    let copy = dir.join(name);
+    lookout_testsupport::install_executable(&system, &copy)
+        .with_context(|| format!("copying {} to {}", system.display(), copy.display()))?;
+    Ok(copy)
+}
+
 /// A private copy of runc and the agent that watches only it.
 struct Watched {
     runc: PathBuf,
@@ -51,15 +62,8 @@ struct Watched {
 impl Watched {
     /// Copies runc into `dir` and starts an agent on it.
     fn start(lookout: &Path, dir: &Path) -> anyhow::Result<Watched> {
-        std::fs::create_dir_all(dir)?;
-        let system = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|d| d.join("runc"))
-            .find(|p| p.is_file())
-            .context("runc is not installed")?;
         // Named like the original: the agent tells runtimes apart by name.
-        let runc = dir.join("runc");
-        lookout_testsupport::install_executable(&system, &runc)
-            .with_context(|| format!("copying {} to {}", system.display(), runc.display()))?;
+        let runc = runc_copy(dir, "runc")?;
         let socket = dir.join("lookout.sock");
         let (agent, _) = Agent::start(
             lookout,
@@ -300,13 +304,9 @@ struct GateFloor {
 
 impl GateFloor {
     fn start(floors: &Floors, dir: &Path) -> anyhow::Result<GateFloor> {
-        std::fs::create_dir_all(dir)?;
         // Not named `runc`: the agents' BPF programs, which pick execs by
         // file name, then capture none of its execs, nor it theirs.
-        let runc = dir.join("runc-wf");
-        let system = in_path("runc")?;
-        lookout_testsupport::install_executable(&system, &runc)
-            .with_context(|| format!("copying {} to {}", system.display(), runc.display()))?;
+        let runc = runc_copy(dir, "runc-wf")?;
         let socket = dir.join("floor.sock");
         let gate = format!("--gate={}", socket.to_str().context("utf-8 path")?);
         let out = dir.join("floor.out");
@@ -617,24 +617,18 @@ fn watchers(
     // The floor: what answering the same execs costs with nothing else
     // done (no BPF, no files read, no events).
     let floor_dir = work.join("watch-floor");
-    std::fs::create_dir_all(&floor_dir)?;
     // Not named `runc` either: the agents' BPF programs would decode its
     // execs' records, as they do each other's (one agent per node has
     // only its own).
-    let floor_runc = floor_dir.join("runc-floor");
-    lookout_testsupport::install_executable(&in_path("runc")?, &floor_runc)
-        .with_context(|| format!("copying runc to {}", floor_runc.display()))?;
+    let floor_runc = runc_copy(&floor_dir, "runc-floor")?;
     let floor = Floor::start(&floors.allow_all, &[&floor_runc], &floor_dir)?;
     // The work floor: the agent's work for each container (argv, config,
     // state, /proc, its lines) on one thread, with none of its boundaries.
     let work_dir = work.join("watch-work");
-    std::fs::create_dir_all(&work_dir)?;
     // Not named `runc`: the agents' BPF programs capture the execs of
     // files by name, and would decode the work floor's too (as the work
     // floor would theirs).
-    let work_runc = work_dir.join("runc-wf");
-    lookout_testsupport::install_executable(&in_path("runc")?, &work_runc)
-        .with_context(|| format!("copying runc to {}", work_runc.display()))?;
+    let work_runc = runc_copy(&work_dir, "runc-wf")?;
     let work_floor = Floor::start_work(floors, &work_runc, &work_dir)?;
     wait_metric(&agents[0], "lookout_watchers", WATCHERS as f64)?;
     // Let the connections settle before the baseline samples.
