@@ -540,9 +540,14 @@ impl RuntimeHook {
 
     /// Handles events until `shutdown` completes. Every permission event is
     /// answered; on return the group is closed, which removes the marks.
+    ///
+    /// The future is `Send` when `shutdown` is, so that it can run as a
+    /// task of its own (`tokio::spawn`) rather than inside `block_on`: on a
+    /// current-thread runtime, a container's exit then reaches the loop
+    /// without a write to the runtime's eventfd and another `epoll_wait`.
     pub async fn run(
         mut self,
-        sink: &mut dyn Sink,
+        sink: &mut (dyn Sink + Send),
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Stats {
         tokio::pin!(shutdown);
