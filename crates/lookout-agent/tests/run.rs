@@ -147,6 +147,79 @@ fn a_container_that_exits_at_once_is_added_and_removed() {
     assert_eq!(agent.events_for(&id).len(), 2);
 }
 
+/// Whether a perf reader of tracepoint `category/name`, sampling every CPU
+/// (as `perf record -a -e category:name` does), sees process `f` starts
+/// hit it.
+fn perf_sees(category: &str, name: &str, f: impl FnOnce() -> u32) -> bool {
+    use perf_event::events::Tracepoint;
+    let id_file = format!("/sys/kernel/tracing/events/{category}/{name}/id");
+    let id: u64 = std::fs::read_to_string(&id_file)
+        .unwrap_or_else(|e| panic!("{id_file}: {e}"))
+        .trim()
+        .parse()
+        .expect("a tracepoint id");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut samplers: Vec<_> = (0..cpus)
+        .map(|cpu| {
+            let mut s = perf_event::Builder::new(Tracepoint::with_id(id))
+                .any_pid()
+                .one_cpu(cpu)
+                .include_kernel()
+                .sample_period(1)
+                .sample(perf_event::SampleFlag::TID)
+                .build()
+                .and_then(|c| c.sampled(16 * 4096))
+                .expect("perf_event_open on the tracepoint");
+            s.enable().expect("enabling the sampler");
+            s
+        })
+        .collect();
+    let pid = f();
+    let mut seen = false;
+    for s in &mut samplers {
+        while let Some(r) = s.next_record() {
+            if let Ok(perf_event::data::Record::Sample(x)) = r.parse_record() {
+                seen |= x.pid() == Some(pid);
+            }
+        }
+    }
+    seen
+}
+
+/// A tracepoint's BPF programs also filter its perf events: one that
+/// returns 0 drops the sample for every perf reader on the node. aya's
+/// `#[tracepoint]` returned 0, and `perf record -a -e
+/// sched:sched_process_exit` saw no exit while an agent ran.
+#[test]
+fn perf_readers_of_the_agents_tracepoints_still_see_their_events() {
+    if !ready("perf_tracepoints") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    assert!(
+        agent.log().contains("bpf=true"),
+        "the agent runs without its BPF programs, so this proves nothing:\n{}",
+        agent.log()
+    );
+    let run_true = || {
+        let mut child = Command::new("true").spawn().expect("spawning true");
+        let pid = child.id();
+        child.wait().expect("waiting for true");
+        pid
+    };
+    for (category, name) in [
+        ("sched", "sched_process_exit"),
+        ("syscalls", "sys_enter_execve"),
+    ] {
+        assert!(
+            perf_sees(category, name, run_true),
+            "a perf reader of {category}:{name} missed an event while the agent ran"
+        );
+    }
+    drop(agent);
+}
+
 /// Each thread of process `pid` by name, with its scheduler slice as the
 /// kernel reports it (`None` before Linux 6.12).
 fn slices(pid: u32) -> Vec<(String, Option<Duration>)> {

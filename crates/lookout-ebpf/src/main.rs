@@ -7,7 +7,7 @@
 #![no_main]
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns};
-use aya_ebpf::macros::{map, tracepoint};
+use aya_ebpf::macros::map;
 use aya_ebpf::maps::RingBuf;
 use aya_ebpf::programs::TracePointContext;
 use lookout_ebpf_common::{PROBE_MAGIC, ProbeEvent};
@@ -22,16 +22,53 @@ static PROBE_TGID: u32 = 0;
 #[map]
 static PROBE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
-/// Capability probe: attached to `syscalls/sys_enter_getppid`, writes one
-/// [`ProbeEvent`] when the probing process calls `getppid(2)`.
-#[tracepoint]
-pub fn lookout_probe(_ctx: TracePointContext) -> u32 {
+/// What every program here returns: keep the event.
+///
+/// N.B. Not 0. A tracepoint's BPF programs also filter its perf events:
+/// when they return 0, the kernel (`perf_trace_run_bpf_submit`) drops the
+/// sample for every perf event on that tracepoint, everyone's (bpftrace
+/// returns 1 for the same reason). aya's `#[tracepoint]` macro returns 0
+/// whatever the function returns, which hid `sys_enter_execve`,
+/// `sys_enter_execveat` and `sched_process_exit` from `perf record`,
+/// `perf trace` and every other perf reader on the node for as long as the
+/// agent ran (measured: a perf sampler of `sched_process_exit` saw 20
+/// exits of 20 without the agent, 0 with it). Hence [`tracepoint!`]. With
+/// no perf event on the tracepoint, 1 costs nothing.
+const KEEP_EVENT: u32 = 1;
+
+/// A tracepoint program as aya's `#[tracepoint]` makes one (same section,
+/// same symbol, the context as a [`TracePointContext`]), except that it
+/// returns [`KEEP_EVENT`].
+macro_rules! tracepoint {
+    ($(#[$doc:meta])* fn $name:ident($ctx:ident) $body:block) => {
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = "tracepoint")]
+        pub fn $name(ctx: *mut core::ffi::c_void) -> u32 {
+            let $ctx = TracePointContext::new(ctx);
+            $body
+            KEEP_EVENT
+        }
+    };
+}
+
+tracepoint! {
+    /// Capability probe: attached to `syscalls/sys_enter_getppid`, writes one
+    /// [`ProbeEvent`] when the probing process calls `getppid(2)`.
+    fn lookout_probe(_ctx) {
+        probe();
+    }
+}
+
+/// The probe's work: one [`ProbeEvent`] if the caller is the prober.
+#[inline(always)]
+fn probe() {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a read of a constant global; volatile so that the compiler
     // does not fold the loader-patched value to its initial 0.
     let want = unsafe { core::ptr::read_volatile(&PROBE_TGID) };
     if want == 0 || tgid != want {
-        return 0;
+        return;
     }
     if let Some(mut slot) = PROBE_EVENTS.reserve::<ProbeEvent>(0) {
         slot.write(ProbeEvent {
@@ -42,29 +79,33 @@ pub fn lookout_probe(_ctx: TracePointContext) -> u32 {
         });
         slot.submit(0);
     }
-    0
 }
 
-/// argv capture at `syscalls/sys_enter_execve`.
-#[tracepoint]
-pub fn lookout_execve(ctx: TracePointContext) -> u32 {
-    let _ = exec::capture(&ctx, exec::EXECVE_FILENAME, exec::EXECVE_ARGV, exec::FLAGS_EXECVE);
-    0
+tracepoint! {
+    /// argv capture at `syscalls/sys_enter_execve`.
+    fn lookout_execve(ctx) {
+        let _ = exec::capture(&ctx, exec::EXECVE_FILENAME, exec::EXECVE_ARGV, exec::FLAGS_EXECVE);
+    }
 }
 
-/// argv capture at `syscalls/sys_enter_execveat` (runc re-executes itself
-/// this way, and some runtimes are started through an fd).
-#[tracepoint]
-pub fn lookout_execveat(ctx: TracePointContext) -> u32 {
-    let _ = exec::capture(&ctx, exec::EXECVEAT_FILENAME, exec::EXECVEAT_ARGV, exec::FLAGS_EXECVEAT);
-    0
+tracepoint! {
+    /// argv capture at `syscalls/sys_enter_execveat` (runc re-executes itself
+    /// this way, and some runtimes are started through an fd).
+    fn lookout_execveat(ctx) {
+        let _ = exec::capture(
+            &ctx,
+            exec::EXECVEAT_FILENAME,
+            exec::EXECVEAT_ARGV,
+            exec::FLAGS_EXECVEAT,
+        );
+    }
 }
 
-/// Exit codes of watched container processes, at `sched/sched_process_exit`.
-#[tracepoint]
-pub fn lookout_exit(_ctx: TracePointContext) -> u32 {
-    let _ = exit::record();
-    0
+tracepoint! {
+    /// Exit codes of watched container processes, at `sched/sched_process_exit`.
+    fn lookout_exit(_ctx) {
+        let _ = exit::record();
+    }
 }
 
 #[cfg(not(test))]
