@@ -24,6 +24,8 @@ use crate::util::{cargo, exec, is_root, say, workspace_root};
 mod against;
 #[path = "bench_consumers.rs"]
 mod consumers;
+#[path = "bench_exits.rs"]
+mod exits;
 #[path = "bench_nri.rs"]
 mod nri;
 
@@ -1375,8 +1377,25 @@ struct Lags {
     exit_to_removed: Vec<f64>,
     floor_added: Vec<f64>,
     floor_removed: Vec<f64>,
+    kernel: KernelLags,
     missing_added: usize,
     missing_removed: usize,
+}
+
+/// The same lags from the kernel's time of each exit (see
+/// [`exits::ExitClock`]), in microseconds.
+#[derive(Default)]
+struct KernelLags {
+    /// `runc create`'s last thread began to exit -> `Added`.
+    create_exit_to_added: Vec<f64>,
+    /// The container's init began to exit -> `Removed`.
+    exit_to_removed: Vec<f64>,
+    /// ... -> the benchmark's own pidfd woke (the other rows' reference).
+    exit_to_reference: Vec<f64>,
+    /// ... -> the floor's thread woke.
+    exit_to_floor_woken: Vec<f64>,
+    /// Exits the rings had no room for.
+    lost: u64,
 }
 
 impl Lags {
@@ -1386,11 +1405,18 @@ impl Lags {
         self.exit_to_removed.extend(o.exit_to_removed);
         self.floor_added.extend(o.floor_added);
         self.floor_removed.extend(o.floor_removed);
+        let (k, o_k) = (&mut self.kernel, o.kernel);
+        k.create_exit_to_added.extend(o_k.create_exit_to_added);
+        k.exit_to_removed.extend(o_k.exit_to_removed);
+        k.exit_to_reference.extend(o_k.exit_to_reference);
+        k.exit_to_floor_woken.extend(o_k.exit_to_floor_woken);
+        k.lost += o_k.lost;
         self.missing_added += o.missing_added;
         self.missing_removed += o.missing_removed;
     }
 
     fn report(&self) -> Value {
+        let k = &self.kernel;
         json!({
             "missing": {"added": self.missing_added, "removed": self.missing_removed},
             "create_exec_to_added": stats(&self.create_exec_to_added),
@@ -1399,6 +1425,13 @@ impl Lags {
             "floor": {
                 "create_exit_to_state_read": stats(&self.floor_added),
                 "exit_to_woken": stats(&self.floor_removed),
+            },
+            "from_kernel_exit": {
+                "create_exit_to_added": stats(&k.create_exit_to_added),
+                "exit_to_removed": stats(&k.exit_to_removed),
+                "exit_to_reference": stats(&k.exit_to_reference),
+                "exit_to_floor_woken": stats(&k.exit_to_floor_woken),
+                "lost_samples": k.lost,
             },
         })
     }
@@ -1427,6 +1460,20 @@ fn discovery_block(
     // The floor of both lags: a thread that waits for the same exits and
     // does the least the agent must (reads the state file after create).
     let (mut floor_added, mut floor_removed) = (Vec::new(), Vec::new());
+    // The kernel's time of each exit: by container id, the pids of its
+    // `runc create` and of its init, and when the floor's thread woke.
+    let mut clock = match exits::ExitClock::open() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            say(
+                "bench",
+                &format!("no kernel exit times, the kernel rows stay empty: {e:#}"),
+            );
+            None
+        }
+    };
+    let mut pids: HashMap<String, (u32, u32)> = HashMap::new();
+    let mut floor_woke_at = HashMap::new();
     for i in 0..count {
         let id = format!("{prefix}-{i}");
         let pidfile = work.join(format!("{id}.pid"));
@@ -1454,11 +1501,15 @@ fn discovery_block(
                 .and_then(Observer::woke)
                 .map(|t| lag_us(created, t)),
         );
+        pids.insert(id.clone(), (create.id(), cpid));
         let observer = Observer::arm(cpid, None);
         runc(&["start", &id]);
         if let Some(t) = wait_exit(cpid) {
             exited_at.insert(id.clone(), t);
-            floor_removed.extend(observer.and_then(Observer::woke).map(|w| lag_us(t, w)));
+            if let Some(w) = observer.and_then(Observer::woke) {
+                floor_removed.push(lag_us(t, w));
+                floor_woke_at.insert(id.clone(), w);
+            }
         }
     }
     // Every event in, or 5 s: a lost event shows as `missing`, not as a
@@ -1475,12 +1526,41 @@ fn discovery_block(
     }
     let ev = events_in(events);
     let (missing_added, missing_removed) = missing(&ev);
+    // By container id: when its `runc create` and its init began to exit.
+    let (mut kernel_create_exit, mut kernel_exit) = (HashMap::new(), HashMap::new());
+    let mut kernel_lost = 0;
+    if let Some(clock) = clock.as_mut() {
+        let exits = clock.drain();
+        for (id, (create, init)) in &pids {
+            if let Some(&t) = exits.get(create) {
+                kernel_create_exit.insert(id.clone(), t);
+            }
+            if let Some(&t) = exits.get(init) {
+                kernel_exit.insert(id.clone(), t);
+            }
+        }
+        kernel_lost = clock.lost();
+    }
+    // From each kernel exit to another time of the same container.
+    let since_exit = |at: &HashMap<String, u64>| -> Vec<f64> {
+        kernel_exit
+            .iter()
+            .filter_map(|(id, &k)| Some(lag_us(k, *at.get(id)?)))
+            .collect()
+    };
     let lags = Lags {
         create_exec_to_added: lags(&exec_at, &ev, Kind::Added),
         create_exit_to_added: lags(&created_at, &ev, Kind::Added),
         exit_to_removed: lags(&exited_at, &ev, Kind::Removed),
         floor_added,
         floor_removed,
+        kernel: KernelLags {
+            create_exit_to_added: lags(&kernel_create_exit, &ev, Kind::Added),
+            exit_to_removed: lags(&kernel_exit, &ev, Kind::Removed),
+            exit_to_reference: since_exit(&exited_at),
+            exit_to_floor_woken: since_exit(&floor_woke_at),
+            lost: kernel_lost,
+        },
         missing_added,
         missing_removed,
     };
@@ -1880,10 +1960,48 @@ fn print_discovery_rows(d: &Value) {
     ] {
         p50_p99(name, &d["floor"][key]);
     }
+    // From the kernel's time of each exit (`sched_process_exit`), which
+    // the rows above, timed from the benchmark's own wake-up, leave out.
+    let k = &d["from_kernel_exit"];
+    if k.is_object() {
+        for (name, key) in [
+            (
+                "from the kernel: runc create began to exit -> Added (us)",
+                "create_exit_to_added",
+            ),
+            (
+                "from the kernel: container began to exit -> Removed (us)",
+                "exit_to_removed",
+            ),
+            (
+                "from the kernel: container began to exit -> the benchmark's reference woke (us)",
+                "exit_to_reference",
+            ),
+            (
+                "from the kernel: container began to exit -> the floor's thread woke (us)",
+                "exit_to_floor_woken",
+            ),
+        ] {
+            p50_p99(name, &k[key]);
+        }
+        let wk = &d["work_floor"]["from_kernel_exit"];
+        if wk.is_object() {
+            p50_p99(
+                "from the kernel: container began to exit -> the work floor's removed line (us)",
+                &wk["exit_to_removed"],
+            );
+        }
+    }
     println!(
         "| discovery events missing after 5 s (added, removed) | {} | {} |",
         d["missing"]["added"], d["missing"]["removed"]
     );
+    if k["lost_samples"].as_u64().is_some_and(|n| n > 0) {
+        println!(
+            "kernel exit samples lost: {} (the kernel rows are short)",
+            k["lost_samples"]
+        );
+    }
 }
 
 fn print_agent(report: &Value) {

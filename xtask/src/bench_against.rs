@@ -19,15 +19,23 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::{Needs, Options, Paths, agent_runs, build, print_agent};
+use super::{
+    Needs, Options, Paths, agent_runs, build, discovery_interleaved, entries, fresh_dir,
+    print_agent, print_discovery_rows,
+};
 use crate::util::{cargo, exec, output, say, workspace_root};
 
 /// Measures this tree's agent and `rev`'s side by side; writes both
 /// reports and the comparison to report.json and prints them.
 pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result<()> {
-    if let Some(only) = opts.only.as_deref().filter(|o| *o != "agent") {
-        bail!("--against compares the `agent` part (consumers included); not --only {only}");
-    }
+    let discovery_only = match opts.only.as_deref() {
+        None | Some("agent") => false,
+        Some("discovery") => true,
+        Some(only) => bail!(
+            "--against compares the `agent` part (consumers included) or the discovery rows \
+             alone (--only discovery); not --only {only}"
+        ),
+    };
     let sha = resolve(rev)?;
     let here = describe_head();
     build(Needs::AgentAndFloor)?;
@@ -36,11 +44,31 @@ pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result
         "bench",
         &format!("this tree ({here}) against {rev} ({sha:.12}), interleaved"),
     );
-    let mut reports = agent_runs(opts, paths, &[paths.lookout.as_path(), theirs.as_path()])?;
+    let agents = [paths.lookout.as_path(), theirs.as_path()];
+    let mut reports = if discovery_only {
+        // The discovery rows alone, in a minute or two: their blocks as
+        // the full run interleaves them.
+        fresh_dir(&paths.work)?;
+        let (lags, work_floor) = discovery_interleaved(opts, paths, &agents)?;
+        lags.into_iter()
+            .map(|mut d| {
+                d["work_floor"] = work_floor.clone();
+                entries([("discovery_us", d)])
+            })
+            .collect()
+    } else {
+        agent_runs(opts, paths, &agents)?
+    };
     let against = reports.pop().context("two reports")?;
     let this = reports.pop().context("two reports")?;
     let (this, against) = (Value::Object(this), Value::Object(against));
-    let rows = compare(&this, &against);
+    let mut rows = compare(&this, &against);
+    if discovery_only {
+        // Only the rows this run measured.
+        if let Some(rows) = rows.as_array_mut() {
+            rows.retain(|r| !r["this"].is_null());
+        }
+    }
     let report = json!({
         "this": this,
         "this_rev": here,
@@ -52,10 +80,18 @@ pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result
     let path = paths.out_dir.join("report.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
+    let print = |r: &Value| {
+        if discovery_only {
+            println!("\n| measurement | p50 | p99 |\n|---|---|---|");
+            print_discovery_rows(&r["discovery_us"]);
+        } else {
+            print_agent(r);
+        }
+    };
     println!("\n## this tree ({here})");
-    print_agent(&report["this"]);
+    print(&report["this"]);
     println!("\n## {rev} ({sha:.12})");
-    print_agent(&report["against"]);
+    print(&report["against"]);
     print_comparison(&report["comparison"], &format!("{rev} ({sha:.10})"));
     println!("report: {}", path.display());
     Ok(())
@@ -339,6 +375,51 @@ const ROWS: &[Row] = &[
         goal: Goal::AtMost(300.0),
         read: |r| at(r, &["discovery_us", "exit_to_removed", "p99"]),
         floor: Some(|r| at(r, &["discovery_us", "floor", "exit_to_woken", "p99"])),
+    },
+    Row {
+        name: "from the kernel's exit: container -> Removed, p99 (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &["discovery_us", "from_kernel_exit", "exit_to_removed", "p99"],
+            )
+        },
+        // The work floor's removed line, timed from the same kernel exit.
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "discovery_us",
+                    "work_floor",
+                    "from_kernel_exit",
+                    "exit_to_removed",
+                    "p99",
+                ],
+            )
+        }),
+    },
+    Row {
+        name: "from the kernel's exit: container -> Removed, p50 (us)",
+        goal: Goal::Informational,
+        read: |r| {
+            at(
+                r,
+                &["discovery_us", "from_kernel_exit", "exit_to_removed", "p50"],
+            )
+        },
+        floor: Some(|r| {
+            at(
+                r,
+                &[
+                    "discovery_us",
+                    "work_floor",
+                    "from_kernel_exit",
+                    "exit_to_removed",
+                    "p50",
+                ],
+            )
+        }),
     },
     Row {
         name: "work floor: create exit -> its added line, p99 (us)",
