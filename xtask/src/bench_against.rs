@@ -379,47 +379,15 @@ const ROWS: &[Row] = &[
     Row {
         name: "from the kernel's exit: container -> Removed, p99 (us)",
         goal: Goal::Informational,
-        read: |r| {
-            at(
-                r,
-                &["discovery_us", "from_kernel_exit", "exit_to_removed", "p99"],
-            )
-        },
+        read: |r| kernel_removed(r, &[], "p99"),
         // The work floor's removed line, timed from the same kernel exit.
-        floor: Some(|r| {
-            at(
-                r,
-                &[
-                    "discovery_us",
-                    "work_floor",
-                    "from_kernel_exit",
-                    "exit_to_removed",
-                    "p99",
-                ],
-            )
-        }),
+        floor: Some(|r| kernel_removed(r, &["work_floor"], "p99")),
     },
     Row {
         name: "from the kernel's exit: container -> Removed, p50 (us)",
         goal: Goal::Informational,
-        read: |r| {
-            at(
-                r,
-                &["discovery_us", "from_kernel_exit", "exit_to_removed", "p50"],
-            )
-        },
-        floor: Some(|r| {
-            at(
-                r,
-                &[
-                    "discovery_us",
-                    "work_floor",
-                    "from_kernel_exit",
-                    "exit_to_removed",
-                    "p50",
-                ],
-            )
-        }),
+        read: |r| kernel_removed(r, &[], "p50"),
+        floor: Some(|r| kernel_removed(r, &["work_floor"], "p50")),
     },
     Row {
         name: "work floor: create exit -> its added line, p99 (us)",
@@ -546,6 +514,15 @@ const ROWS: &[Row] = &[
         }),
     },
 ];
+
+/// Percentile `p` of `Removed`'s lag behind the kernel's exit, in the
+/// discovery report under `within` (nothing: the agent's; `work_floor`).
+fn kernel_removed(report: &Value, within: &[&str], p: &str) -> Option<f64> {
+    let d = within
+        .iter()
+        .try_fold(report.get("discovery_us")?, |v, k| v.get(k))?;
+    at(d, &["from_kernel_exit", "exit_to_removed", p])
+}
 
 /// The goal of the heavy-annotations row: twice the data held.
 fn heavy_goal_mb(report: &Value) -> Option<f64> {
@@ -682,6 +659,29 @@ mod tests {
         assert_eq!(switches["this"], json!(14.5));
         assert_eq!(switches["floor"], json!(5.0));
         assert!(switches["goal_at_most"].is_null());
+    }
+
+    #[test]
+    fn the_kernel_rows_read_the_agent_and_the_work_floor_and_stay_empty_for_an_older_agent() {
+        const P99: &str = "from the kernel's exit: container -> Removed, p99 (us)";
+        let this = json!({"discovery_us": {
+            "from_kernel_exit": {"exit_to_removed": {"p50": 240.0, "p99": 610.0}},
+            "work_floor": {"from_kernel_exit": {"exit_to_removed": {"p50": 220.0, "p99": 440.0}}},
+        }});
+        // An agent before c759113 hid the tracepoint's samples: n = 0.
+        let older = json!({"discovery_us": {
+            "from_kernel_exit": {"exit_to_removed": {"n": 0, "p50": null, "p99": null}},
+        }});
+        let rows = compare(&this, &older);
+        let row = rows
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["measure"] == P99))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(row["this"], json!(610.0));
+        assert_eq!(row["floor"], json!(440.0));
+        assert!(row["against"].is_null() && row["ratio"].is_null());
+        assert!(row["goal_at_most"].is_null(), "an explaining row");
     }
 
     #[test]
