@@ -12,7 +12,9 @@
 //! - opens with `O_NONBLOCK`, so a FIFO or a device cannot block the open,
 //!   then checks with `fstat` that it is a regular file, not larger than
 //!   the limit, and, when asked, owned by root;
-//! - reads at most the limit.
+//! - reads at most the limit;
+//! - leaves the file's access time alone (`O_NOATIME`): an observer's read
+//!   of a runtime's state is no write to the host's disk.
 //!
 //! What it cannot prevent alone is a file system that hangs (a dead NFS
 //! server, a stopped FUSE daemon): `open` or `read` then blocks in the
@@ -123,15 +125,26 @@ pub fn open_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<std::fs::Fi
 
 /// [`open_in`], and the size `fstat` saw.
 fn open_sized(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<(std::fs::File, u64), Refused> {
-    let fd = resolve(
-        dir,
-        path,
-        OFlag::O_RDONLY
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NOCTTY
-            | OFlag::O_CLOEXEC,
-    )?;
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
+    // N.B. O_NOATIME. runc writes a new state.json for every container,
+    // and the first read of a file whose atime is not past its mtime
+    // updates the atime (relatime): on ext4 a journal transaction on the
+    // reading thread (touch_atime -> ext4_dirty_inode in the readers'
+    // profile, /run on ext4), for every container, and a write to a disk
+    // that the agent only observes. The kernel grants O_NOATIME to the
+    // file's owner and to CAP_FOWNER; for another user's file (EPERM) the
+    // open is made again without it.
+    let fd = match resolve(dir, path, flags | OFlag::O_NOATIME) {
+        Err(Refused::Open {
+            source: nix::errno::Errno::EPERM,
+            ..
+        }) => resolve(dir, path, flags)?,
+        other => other?,
+    };
     let st = fstat(&fd).map_err(Refused::Stat)?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(Refused::NotRegular);
@@ -362,6 +375,85 @@ mod tests {
         };
         let (file, size) = open_sized(&dir, Path::new("/f"), roomy).expect("open");
         assert_eq!(read_all(file, size, roomy).expect("100 KB"), big);
+    }
+
+    /// The access time of `path`.
+    fn atime(path: &Path) -> std::time::SystemTime {
+        std::fs::metadata(path)
+            .and_then(|m| m.accessed())
+            .expect("atime")
+    }
+
+    /// `path`'s atime set back to 2020, its mtime now: the next plain read
+    /// updates the atime, even under `relatime`.
+    fn make_atime_stale(path: &Path) -> std::time::SystemTime {
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+        let times = std::fs::FileTimes::new()
+            .set_accessed(old)
+            .set_modified(std::time::SystemTime::now());
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_times(times))
+            .expect("set times");
+        old
+    }
+
+    #[test]
+    fn a_read_leaves_the_access_time_as_it_was() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let file = root.path().join("state.json");
+        std::fs::write(&file, b"{}").expect("write");
+        // Whether this file system updates atimes at all (not under
+        // `noatime`): a plain read must.
+        let old = make_atime_stale(&file);
+        std::fs::read(&file).expect("plain read");
+        if atime(&file) == old {
+            eprintln!(
+                "!!! SKIPPED a_read_leaves_the_access_time_as_it_was: {} is mounted without \
+                 access times, so there is nothing to leave alone",
+                root.path().display()
+            );
+            return;
+        }
+        let old = make_atime_stale(&file);
+        assert_eq!(
+            read(root.path(), Path::new("/state.json"), ANY).expect("read"),
+            b"{}"
+        );
+        assert_eq!(atime(&file), old, "the read updated the access time");
+    }
+
+    #[test]
+    fn another_users_file_is_read_without_o_noatime() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "!!! SKIPPED another_users_file_is_read_without_o_noatime: needs root, to read \
+                 a root-owned file as another fsuid"
+            );
+            return;
+        }
+        let root = tempfile::tempdir().expect("tempdir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let file = root.path().join("state.json");
+        std::fs::write(&file, b"{}").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let dir = root.path().to_path_buf();
+        // A thread of its own: the fsuid is per thread, and a non-zero one
+        // also drops CAP_FOWNER from it, so O_NOATIME on root's file is
+        // EPERM there, as it is for an agent without CAP_FOWNER reading
+        // another user's state.
+        let got = std::thread::spawn(move || {
+            // SAFETY: setfsuid changes this thread's file-system uid only.
+            unsafe { libc::setfsuid(65534) };
+            read(&dir, Path::new("/state.json"), ANY)
+        })
+        .join()
+        .expect("the reading thread");
+        assert_eq!(got.expect("read without O_NOATIME"), b"{}");
     }
 
     #[test]
