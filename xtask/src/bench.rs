@@ -1459,7 +1459,7 @@ fn discovery_block(
     let mut exited_at = HashMap::new();
     // The floor of both lags: a thread that waits for the same exits and
     // does the least the agent must (reads the state file after create).
-    let (mut floor_added, mut floor_removed) = (Vec::new(), Vec::new());
+    let mut floor_added = Vec::new();
     // The kernel's time of each exit: by container id, the pids of its
     // `runc create` and of its init, and when the floor's thread woke.
     let mut clock = match exits::ExitClock::open() {
@@ -1507,7 +1507,6 @@ fn discovery_block(
         if let Some(t) = wait_exit(cpid) {
             exited_at.insert(id.clone(), t);
             if let Some(w) = observer.and_then(Observer::woke) {
-                floor_removed.push(lag_us(t, w));
                 floor_woke_at.insert(id.clone(), w);
             }
         }
@@ -1541,11 +1540,10 @@ fn discovery_block(
         }
         kernel_lost = clock.lost();
     }
-    // From each kernel exit to another time of the same container.
-    let since_exit = |at: &HashMap<String, u64>| -> Vec<f64> {
-        kernel_exit
-            .iter()
-            .filter_map(|(id, &k)| Some(lag_us(k, *at.get(id)?)))
+    // From each container's time in `from` to its time in `to`.
+    let between = |from: &HashMap<String, u64>, to: &HashMap<String, u64>| -> Vec<f64> {
+        from.iter()
+            .filter_map(|(id, &a)| Some(lag_us(a, *to.get(id)?)))
             .collect()
     };
     let lags = Lags {
@@ -1553,12 +1551,12 @@ fn discovery_block(
         create_exit_to_added: lags(&created_at, &ev, Kind::Added),
         exit_to_removed: lags(&exited_at, &ev, Kind::Removed),
         floor_added,
-        floor_removed,
+        floor_removed: between(&exited_at, &floor_woke_at),
         kernel: KernelLags {
             create_exit_to_added: lags(&kernel_create_exit, &ev, Kind::Added),
             exit_to_removed: lags(&kernel_exit, &ev, Kind::Removed),
-            exit_to_reference: since_exit(&exited_at),
-            exit_to_floor_woken: since_exit(&floor_woke_at),
+            exit_to_reference: between(&kernel_exit, &exited_at),
+            exit_to_floor_woken: between(&kernel_exit, &floor_woke_at),
             lost: kernel_lost,
         },
         missing_added,

@@ -148,42 +148,13 @@ fn a_container_that_exits_at_once_is_added_and_removed() {
 }
 
 /// Whether a perf reader of tracepoint `category/name`, sampling every CPU
-/// (as `perf record -a -e category:name` does), sees process `f` starts
-/// hit it.
+/// (as `perf record -a -e category:name` does), sees the process `f`
+/// starts hit it.
 fn perf_sees(category: &str, name: &str, f: impl FnOnce() -> u32) -> bool {
-    use perf_event::events::Tracepoint;
-    let id_file = format!("/sys/kernel/tracing/events/{category}/{name}/id");
-    let id: u64 = std::fs::read_to_string(&id_file)
-        .unwrap_or_else(|e| panic!("{id_file}: {e}"))
-        .trim()
-        .parse()
-        .expect("a tracepoint id");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut samplers: Vec<_> = (0..cpus)
-        .map(|cpu| {
-            let mut s = perf_event::Builder::new(Tracepoint::with_id(id))
-                .any_pid()
-                .one_cpu(cpu)
-                .include_kernel()
-                .sample_period(1)
-                .sample(perf_event::SampleFlag::TID)
-                .build()
-                .and_then(|c| c.sampled(16 * 4096))
-                .expect("perf_event_open on the tracepoint");
-            s.enable().expect("enabling the sampler");
-            s
-        })
-        .collect();
+    let mut sampler = lookout_testsupport::perf::TracepointSampler::open(category, name, 16 * 4096)
+        .unwrap_or_else(|e| panic!("a perf reader of {category}:{name}: {e}"));
     let pid = f();
-    let mut seen = false;
-    for s in &mut samplers {
-        while let Some(r) = s.next_record() {
-            if let Ok(perf_event::data::Record::Sample(x)) = r.parse_record() {
-                seen |= x.pid() == Some(pid);
-            }
-        }
-    }
-    seen
+    sampler.drain().iter().any(|hit| hit.pid == pid)
 }
 
 /// A tracepoint's BPF programs also filter its perf events: one that

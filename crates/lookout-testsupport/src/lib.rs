@@ -20,6 +20,7 @@
 
 pub mod apiserver;
 pub mod cri;
+pub mod perf;
 
 use std::io;
 use std::os::unix::process::CommandExt;
