@@ -114,7 +114,7 @@ pub fn open_dir(host_root: &Path, path: &Path) -> Result<OwnedFd, Refused> {
 /// `host_root` as described in the module docs, and returns the open,
 /// checked file.
 pub fn open(host_root: &Path, path: &Path, policy: Policy) -> Result<std::fs::File, Refused> {
-    open_in(&open_root(host_root)?, path, policy)
+    open_in(&*open_root(host_root)?, path, policy)
 }
 
 /// [`open`], with `dir` (from [`open_dir`]) as the root: `path` cannot
@@ -161,16 +161,38 @@ fn open_sized(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<(std::fs::Fi
     Ok((std::fs::File::from(fd), st.st_size as u64))
 }
 
-fn open_root(host_root: &Path) -> Result<OwnedFd, Refused> {
-    nix::fcntl::open(
-        host_root,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|source| Refused::HostRoot {
-        path: host_root.to_path_buf(),
-        source,
-    })
+/// The host root's `O_PATH` handle, opened once and kept: every read
+/// opened it and closed it again, two system calls on the path from a
+/// `create`'s exec (its config.json) and from its exit (its state) to the
+/// container's report. The agent reads under one host root for its life
+/// (`/`, or `/host` in its pod), so one handle is kept, of the last root
+/// asked for; a handle that could not be opened is not kept.
+fn open_root(host_root: &Path) -> Result<std::sync::Arc<OwnedFd>, Refused> {
+    static LAST: std::sync::Mutex<Option<(PathBuf, std::sync::Arc<OwnedFd>)>> =
+        std::sync::Mutex::new(None);
+    let lock = || {
+        LAST.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some((path, fd)) = lock().as_ref()
+        && path == host_root
+    {
+        return Ok(std::sync::Arc::clone(fd));
+    }
+    // Opened without the lock held: a path walk may wait on a file system.
+    let fd = std::sync::Arc::new(
+        nix::fcntl::open(
+            host_root,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|source| Refused::HostRoot {
+            path: host_root.to_path_buf(),
+            source,
+        })?,
+    );
+    *lock() = Some((host_root.to_path_buf(), std::sync::Arc::clone(&fd)));
+    Ok(fd)
 }
 
 fn resolve(dir: &OwnedFd, path: &Path, flags: OFlag) -> Result<OwnedFd, Refused> {
@@ -202,7 +224,7 @@ pub fn read_in(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<Vec<u8>, Re
 /// Reads `path` under `host_root` (see [`open`]), at most
 /// `policy.max_bytes` bytes.
 pub fn read(host_root: &Path, path: &Path, policy: Policy) -> Result<Vec<u8>, Refused> {
-    let (file, size) = open_sized(&open_root(host_root)?, path, policy)?;
+    let (file, size) = open_sized(&*open_root(host_root)?, path, policy)?;
     read_all(file, size, policy)
 }
 
@@ -212,20 +234,36 @@ const PREALLOCATED_AT_MOST: u64 = 64 * 1024;
 /// Reads `file`, `size` bytes when `fstat` was right. The buffer starts
 /// with room for those and one more (at most 64 KiB + 1: a read held by a
 /// hung file system reserves no more than that), so a runtime's config or
-/// state file is read in a call or two and its end seen in the next; from
-/// an empty buffer, `read_to_end` probes with 32 bytes and doubles up
-/// (eight reads for a 2 KB config.json). `size` was checked against the
-/// limit at open.
-fn read_all(file: std::fs::File, size: u64, policy: Policy) -> Result<Vec<u8>, Refused> {
+/// state file is read in one call, which returns less than it asked for:
+/// for a regular file (the only kind opened here) that is its end, and no
+/// second read is made to see it. A file that grew since `fstat` fills the
+/// buffer, which then doubles, up to the limit and one byte more. (From an
+/// empty buffer, `read_to_end` probes with 32 bytes and doubles up, eight
+/// reads for a 2 KB config.json, and always reads once more for the end.)
+/// `size` was checked against the limit at open.
+fn read_all(mut file: std::fs::File, size: u64, policy: Policy) -> Result<Vec<u8>, Refused> {
+    let limit = policy.max_bytes.saturating_add(1);
     let room = size.min(policy.max_bytes).min(PREALLOCATED_AT_MOST) + 1;
-    let mut bytes = Vec::with_capacity(usize::try_from(room).unwrap_or(0));
-    file.take(policy.max_bytes + 1)
-        .read_to_end(&mut bytes)
-        .map_err(Refused::Read)?;
+    let mut bytes = vec![0; usize::try_from(room).unwrap_or(1)];
+    let mut len = 0;
+    loop {
+        match file.read(&mut bytes[len..]) {
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Refused::Read(e)),
+        }
+        // Short (or nothing: the end), or past the limit already.
+        if len < bytes.len() || len as u64 >= limit {
+            break;
+        }
+        let more = (bytes.len() as u64).saturating_mul(2).min(limit);
+        bytes.resize(usize::try_from(more).unwrap_or(usize::MAX), 0);
+    }
+    bytes.truncate(len);
     // The size was checked at open; a file that grew since is refused too.
-    if bytes.len() as u64 > policy.max_bytes {
+    if len as u64 > policy.max_bytes {
         return Err(Refused::TooLarge {
-            size: bytes.len() as u64,
+            size: len as u64,
             limit: policy.max_bytes,
         });
     }
