@@ -6,21 +6,36 @@ use std::path::PathBuf;
 
 use lookout_model::Namespaces;
 
-/// A `/proc` file read whole, in two `read`s. `std::fs::read` asks the
-/// file its size (`statx`, and `lseek` for the position), which is 0 for
-/// these, then reads in 32-byte probes doubling up: eight calls for a
-/// `stat` line. These files are under a page: a buffer of a page reads one
-/// in a call and sees its end in a second. (Through `take`, as `Take` has
-/// no size hint to ask for: the generic `read_to_end`.)
+/// A `/proc` file read whole. `std::fs::read` asks the file its size
+/// (`statx`, and `lseek` for the position), which is 0 for these, then
+/// reads in 32-byte probes doubling up: eight calls for a `stat` line.
+/// Here a page-sized buffer takes a `stat`, `status` or `cgroup` file in
+/// one `read`, and a read that returns less than it asked for ends it.
+///
+/// N.B. That short read is the end only for the files read here: `stat`,
+/// `status` and `cgroup` are single-record `seq_file`s, which the kernel
+/// renders whole and hands out until they are consumed, and `cmdline`
+/// gives as much as is asked while any is left. A multi-record `seq_file`
+/// (`mountinfo`) may stop short of a record that did not fit; read those
+/// to the end.
 fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
     use std::io::Read;
-    let mut bytes = Vec::with_capacity(4096);
-    std::fs::File::open(path)
-        .ok()?
-        .take(u64::MAX)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    Some(bytes)
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut bytes = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        let n = match file.read(&mut bytes[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        len += n;
+        if len < bytes.len() {
+            bytes.truncate(len);
+            return Some(bytes);
+        }
+        bytes.resize(bytes.len() * 2, 0);
+    }
 }
 
 /// [`read_proc_bytes`] as text, bytes that are not UTF-8 replaced.
@@ -185,34 +200,104 @@ pub fn live_start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// What [`container_init`] read of a container's init process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Init {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time (as [`start_time`]).
+    pub start_time: u64,
+    /// Its mount namespace's inode.
+    pub mnt: u64,
+}
+
+impl Init {
+    /// Its mnt, net and pid namespace inodes, as [`namespaces`] reads
+    /// them, the mount namespace from the check (one `readlink` fewer).
+    pub fn namespaces(&self) -> Namespaces {
+        let mut ns = Namespaces::default();
+        ns.mnt = Some(self.mnt);
+        ns.net = ns_inode(self.pid, "net");
+        ns.pid = ns_inode(self.pid, "pid");
+        ns
+    }
+}
+
+/// Why a process cannot be a container's init ([`container_init`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotInit {
+    /// Pid 0 or 1.
+    #[error("pid {0} is the host's init")]
+    HostInit(u32),
+    /// Gone, a zombie, or dead: a container that stopped, or a pid that was
+    /// never one.
+    #[error("pid {0} is not alive")]
+    NotAlive(u32),
+    /// Its `/proc/<pid>/ns/mnt` cannot be read.
+    #[error("the mount namespace of pid {0} cannot be read")]
+    MountNamespaceUnreadable(u32),
+    /// It shares the host's mount namespace (pid 1's, or this process's
+    /// without being this process or one of its ancestors).
+    #[error("pid {0} is in the host's mount namespace")]
+    HostMountNamespace(u32),
+}
+
 /// Why `pid`, named by a runtime's state as a container's init process,
-/// cannot be one: `None` when it can. It must be alive (not a zombie), not
-/// pid 1, and in a mount namespace of its own (neither this process's nor
-/// pid 1's, when that is readable). A state file that names a host
-/// process is a spoof or a bug, never a container.
+/// cannot be one: `None` when it can (see [`container_init`]).
+pub fn not_a_container_init(pid: u32) -> Option<String> {
+    container_init(pid).err().map(|e| e.to_string())
+}
+
+/// `pid`, named by a runtime's state as a container's init process, if it
+/// can be one; else why not. It must be alive (not a zombie), not pid 1,
+/// and in a mount namespace of its own (neither this process's nor pid
+/// 1's, when that is readable). A state file that names a host process is
+/// a spoof or a bug, never a container.
 ///
 /// One exception: this process, or one of its ancestors, in this process's
 /// mount namespace. That is the agent's own container (a DaemonSet's pod,
 /// with the host's pids), whose init shares the agent's mount namespace.
-pub fn not_a_container_init(pid: u32) -> Option<String> {
+///
+/// # Errors
+/// Why `pid` is no container's init.
+pub fn container_init(pid: u32) -> Result<Init, NotInit> {
     if pid <= 1 {
-        return Some(format!("pid {pid} is the host's init"));
+        return Err(NotInit::HostInit(pid));
     }
-    if live_start_time(pid).is_none() {
-        return Some(format!("pid {pid} is not alive"));
-    }
-    let Some(mnt) = ns_inode(pid, "mnt") else {
-        return Some(format!("the mount namespace of pid {pid} cannot be read"));
+    let Some(start_time) = live_start_time(pid) else {
+        return Err(NotInit::NotAlive(pid));
     };
-    let own = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        m.ino()
-    });
-    let host = ns_inode(1, "mnt");
+    let Some(mnt) = ns_inode(pid, "mnt") else {
+        return Err(NotInit::MountNamespaceUnreadable(pid));
+    };
+    let (own, host) = fixed_mount_namespaces();
     if Some(mnt) == host || (Some(mnt) == own && !is_self_or_ancestor(pid)) {
-        return Some(format!("pid {pid} is in the host's mount namespace"));
+        return Err(NotInit::HostMountNamespace(pid));
     }
-    None
+    Ok(Init {
+        pid,
+        start_time,
+        mnt,
+    })
+}
+
+/// This process's mount namespace and pid 1's (`None`: unreadable), read
+/// once. Neither changes while the agent runs: a process leaves its mount
+/// namespace only by `unshare(2)` or `setns(2)` (which lookout never calls
+/// for it; they fail in a process with threads), and pid 1 never does.
+/// Read for every container before, they were two path walks through
+/// `/proc` on the path from a `create`'s exit to its `added`.
+fn fixed_mount_namespaces() -> (Option<u64>, Option<u64>) {
+    static FIXED: std::sync::OnceLock<(Option<u64>, Option<u64>)> = std::sync::OnceLock::new();
+    *FIXED.get_or_init(|| {
+        let own = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        (own, ns_inode(1, "mnt"))
+    })
 }
 
 /// Whether `pid` is this process or one of its ancestors (as this pid
@@ -415,6 +500,38 @@ mod tests {
         let stat = "123 (we ird) name)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 99";
         assert_eq!(parse_start_time(stat), Some(4242));
         assert_eq!(parse_start_time("123 (x) S 1"), None);
+    }
+
+    #[test]
+    fn a_container_init_is_alive_and_not_in_the_hosts_mount_namespace() {
+        // This process: in its own mount namespace, but itself (the
+        // agent's own container).
+        let me = std::process::id();
+        let init = container_init(me).expect("this process");
+        assert_eq!(init.pid, me);
+        assert_eq!(Some(init.start_time), start_time(me));
+        assert_eq!(init.namespaces(), namespaces(me));
+        assert_eq!(container_init(1), Err(NotInit::HostInit(1)));
+        assert_eq!(container_init(0), Err(NotInit::HostInit(0)));
+        // A child in this mount namespace is a host process; once it
+        // exited (a zombie, not reaped), not alive.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        assert_eq!(container_init(pid), Err(NotInit::HostMountNamespace(pid)));
+        assert_eq!(
+            not_a_container_init(pid).as_deref(),
+            Some(format!("pid {pid} is in the host's mount namespace").as_str())
+        );
+        child.kill().expect("kill");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while live_start_time(pid).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(container_init(pid), Err(NotInit::NotAlive(pid)));
+        let _ = child.wait();
     }
 
     #[test]

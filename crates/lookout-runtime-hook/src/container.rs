@@ -1,7 +1,7 @@
 //! Filling a [`Container`] from its init process and its config.json. A
 //! leaf module: the hook and the scan both use it.
 
-use lookout_model::{Container, RuntimeKind, Status};
+use lookout_model::{Container, Namespaces, RuntimeKind, Status};
 
 use crate::oci::OciConfig;
 use lookout_host::proc;
@@ -12,12 +12,29 @@ use lookout_host::proc;
 /// container's annotations can be 256 KiB: they are not copied). Reads
 /// /proc: call it off the hook's task. Exported as [`crate::fill_container`].
 pub fn fill(c: &mut Container, pid: u32, config: Option<OciConfig>, status: Status) {
+    fill_with(c, pid, proc::namespaces(pid), config, status);
+}
+
+/// [`fill`] for an init process [`proc::container_init`] checked: its
+/// mount namespace is not read again. Exported as
+/// [`crate::fill_container_init`].
+pub fn fill_init(c: &mut Container, init: &proc::Init, config: Option<OciConfig>, status: Status) {
+    fill_with(c, init.pid, init.namespaces(), config, status);
+}
+
+fn fill_with(
+    c: &mut Container,
+    pid: u32,
+    namespaces: Namespaces,
+    config: Option<OciConfig>,
+    status: Status,
+) {
     c.pid = Some(pid);
     c.status = status;
     if c.runtime == RuntimeKind::Runsc {
         c.sandbox = Some("gvisor".into());
     }
-    c.namespaces = proc::namespaces(pid);
+    c.namespaces = namespaces;
     c.cgroup = proc::cgroup(pid);
     if let Some(cfg) = config {
         c.annotations = cfg.annotations;

@@ -49,6 +49,9 @@ pub use capture::{ArgvRing, ExecCapture, ExecRecord};
 /// the hook does before it reports one. Reads /proc, so it may block on a
 /// process whose /proc files are held: not for a thread that must not.
 pub use container::fill as fill_container;
+/// [`fill_container`] for an init process that
+/// [`lookout_host::proc::container_init`] checked: one `/proc` read fewer.
+pub use container::fill_init as fill_container_init;
 pub use hook::{Builder, DEFAULT_SCHEDULER_SLICE, RuntimeHook, StartupTimes};
 pub use pidfd::{ProcessHandle, kill as kill_process};
 pub use scan::{Scanner, scan_state, scan_state_in};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use lookout_model::{Container, ContainerEvent, RuntimeKind, Sink, Source, Status};
 use tokio::sync::mpsc;
 
-use crate::container::fill;
+use crate::container::fill_init;
 use crate::oci::read_config_within;
 
 /// How long a scan waits for one bundle's config.json (a hung file system
@@ -66,20 +66,28 @@ pub fn scan_state_in(
                     continue;
                 }
             };
-            let alive = proc::live_start_time(state.pid);
-            if alive.is_none() || (state.start_time.is_some() && alive != state.start_time) {
-                tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
-                continue;
-            }
-            if let Some(why) = proc::not_a_container_init(state.pid) {
-                if first_warning(&id, state.pid) {
-                    tracing::warn!(
-                        id,
-                        pid = state.pid,
-                        why,
-                        "state file names no container process; skipped"
-                    );
+            let init = match proc::container_init(state.pid) {
+                Ok(init) => init,
+                // A stopped container's state stays until its delete.
+                Err(proc::NotInit::NotAlive(_)) => {
+                    tracing::debug!(id, pid = state.pid, "state file names a dead pid");
+                    continue;
                 }
+                Err(why) => {
+                    let why = why.to_string();
+                    if first_warning(&id, state.pid) {
+                        tracing::warn!(
+                            id,
+                            pid = state.pid,
+                            why,
+                            "state file names no container process; skipped"
+                        );
+                    }
+                    continue;
+                }
+            };
+            if state.start_time.is_some_and(|at| at != init.start_time) {
+                tracing::debug!(id, pid = state.pid, "state file names a reused pid");
                 continue;
             }
             let config = state.bundle.as_ref().and_then(|b| {
@@ -96,7 +104,7 @@ pub fn scan_state_in(
             let mut c = Container::new(id.clone(), runtime.clone());
             c.bundle = state.bundle.clone();
             c.runtime_root = Some(root.clone());
-            fill(&mut c, state.pid, config, Status::Running);
+            fill_init(&mut c, &init, config, Status::Running);
             found.push(c);
         }
     }

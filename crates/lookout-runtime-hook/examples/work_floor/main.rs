@@ -249,13 +249,14 @@ fn created(
     config: Option<OciConfig>,
 ) -> Option<Container> {
     let s = state::read_state_under(Path::new("/"), &runtime, root, id).ok()?;
-    if proc::not_a_container_init(s.pid).is_some() {
+    let init = proc::container_init(s.pid).ok()?;
+    if s.start_time.is_some_and(|at| at != init.start_time) {
         return None;
     }
     let mut c = Container::new(id, runtime);
     c.bundle = bundle;
     c.runtime_root = Some(root.to_path_buf());
-    lookout_runtime_hook::fill_container(&mut c, s.pid, config, Status::Created);
+    lookout_runtime_hook::fill_container_init(&mut c, &init, config, Status::Created);
     Some(c)
 }
 

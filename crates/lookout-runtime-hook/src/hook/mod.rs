@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::answer::{Answerer, Exec, Held, Marked};
 use crate::argv::{self, Command, Invocation};
 use crate::capture::ExecCapture;
-use crate::container::fill;
+use crate::container::{fill, fill_init};
 use crate::lifecycle::{Effect, Input, Lifecycle, Pending};
 use crate::oci::OciConfig;
 use crate::run_watch::{Observed, RunSeen};
@@ -1309,16 +1309,17 @@ fn resolve(
         reason,
         why,
     };
-    let pid = match &seen {
-        Some(obs) => obs.pid,
+    // The pid, and the start time the state recorded for it.
+    let (pid, recorded_start) = match &seen {
+        Some(obs) => (obs.pid, None),
         None => match read_state_under(host_root, &p.runtime, &p.root, id) {
-            Ok(s) => s.pid,
+            Ok(s) => (s.pid, s.start_time),
             Err(e) => match p
                 .pid_file
                 .as_ref()
                 .map(|f| read_pid_file_under(host_root, f))
             {
-                Some(Ok(pid)) => pid,
+                Some(Ok(pid)) => (pid, None),
                 Some(Err(pe)) => {
                     return Err(unreadable(
                         host_root,
@@ -1342,30 +1343,44 @@ fn resolve(
             },
         },
     };
-    // The state names the init process; make sure it is one (a `run`
-    // watcher saw it alive, in its own namespaces, already).
-    let refused = match &seen {
-        None => proc::not_a_container_init(pid),
-        Some(_) if pid <= 1 => Some(format!("pid {pid} is the host's init")),
-        Some(_) => None,
-    };
-    if let Some(why) = refused {
-        return Err(missed(
-            "not-a-container-process",
-            format!("pid {pid}: {why}"),
-        ));
-    }
     let mut c = Container::new(id, p.runtime.clone());
     c.bundle = p.bundle.clone();
     c.runtime_root = Some(p.root.clone());
-    fill(&mut c, pid, p.config.take(), p.status);
-    if let Some(obs) = seen {
-        // The container may be gone already: keep what the watcher saw.
-        if c.namespaces.mnt.is_none() {
-            c.namespaces = obs.namespaces;
+    match seen {
+        // A `run` watcher saw it alive, in its own namespaces, already.
+        Some(_) if pid <= 1 => {
+            return Err(missed(
+                "not-a-container-process",
+                format!("pid {pid}: pid {pid} is the host's init"),
+            ));
         }
-        if c.cgroup.is_none() {
-            c.cgroup = obs.cgroup;
+        Some(obs) => {
+            fill(&mut c, pid, p.config.take(), p.status);
+            // The container may be gone already: keep what the watcher saw.
+            if c.namespaces.mnt.is_none() {
+                c.namespaces = obs.namespaces;
+            }
+            if c.cgroup.is_none() {
+                c.cgroup = obs.cgroup;
+            }
+        }
+        // The state names the init process; make sure it is one, and the
+        // one the runtime started (as the start-up scan does): a pid that
+        // started at another time than the state recorded was reused.
+        None => {
+            let init = proc::container_init(pid)
+                .map_err(|why| missed("not-a-container-process", format!("pid {pid}: {why}")))?;
+            if let Some(at) = recorded_start.filter(|&at| at != init.start_time) {
+                return Err(missed(
+                    "not-a-container-process",
+                    format!(
+                        "pid {pid} started at tick {}, not at {at} as the state says: the init \
+                         exited and its pid was reused",
+                        init.start_time
+                    ),
+                ));
+            }
+            fill_init(&mut c, &init, p.config.take(), p.status);
         }
     }
     Ok(c)
@@ -1420,5 +1435,88 @@ fn finish_start(
             );
             perm.allow();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root-owned runc state for `id` under a new root, naming `pid`
+    /// started at `start`.
+    fn state_naming(id: &str, pid: u32, start: u64) -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join(id)).expect("mkdir");
+        let state = format!(
+            r#"{{"id":"{id}","init_process_pid":{pid},"init_process_start":{start},"config":{{"labels":[]}}}}"#
+        );
+        std::fs::write(root.path().join(id).join("state.json"), state).expect("write state");
+        root
+    }
+
+    fn pending(root: &Path) -> Pending {
+        Pending {
+            runtime: RuntimeKind::Runc,
+            root: root.to_path_buf(),
+            bundle: None,
+            pid_file: None,
+            config: None,
+            status: Status::Created,
+            since: Instant::now(),
+            started: None,
+        }
+    }
+
+    #[test]
+    fn a_state_naming_a_pid_that_started_at_another_time_gets_no_container() {
+        let test = "a_state_naming_a_pid_that_started_at_another_time_gets_no_container";
+        if !nix::unistd::geteuid().is_root() {
+            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+            assert!(!ci, "{test}: needs root under CI");
+            eprintln!("\n!!! SKIPPED {test}: needs root (a mount namespace)\n");
+            return;
+        }
+        // An init in a mount namespace of its own, as a container's.
+        let mut init = std::process::Command::new("unshare")
+            .args(["--mount", "sleep", "30"])
+            .spawn()
+            .expect("unshare");
+        let pid = init.id();
+        let own = std::fs::read_link("/proc/self/ns/mnt").expect("own mnt");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|ns| ns == own)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let start = proc::start_time(pid).expect("start time");
+        let id = "reused-pid";
+
+        // The state recorded another start: the init it names exited and
+        // this process took its pid. Nothing of it is reported.
+        let root = state_naming(id, pid, start + 1);
+        let reused = resolve(Path::new("/"), id, pending(root.path()), None);
+        // The same state with the right start: the container, with the
+        // namespaces of that init.
+        let root = state_naming(id, pid, start);
+        let right = resolve(Path::new("/"), id, pending(root.path()), None);
+        let mnt = proc::namespaces(pid).mnt;
+        let _ = init.kill();
+        let _ = init.wait();
+
+        match reused {
+            Err(Unresolved::Missed { reason, why, .. }) => {
+                assert_eq!(reason, "not-a-container-process");
+                assert!(why.contains("reused"), "{why}");
+            }
+            Ok(c) => panic!("a reused pid was reported: {c:?}"),
+            Err(Unresolved::Failed(why)) => panic!("read as a failed create: {why}"),
+        }
+        let c = right.unwrap_or_else(|_| panic!("the right start time gets no container"));
+        assert_eq!(c.pid, Some(pid));
+        assert!(mnt.is_some());
+        assert_eq!(c.namespaces.mnt, mnt);
+        assert_ne!(c.namespaces.net, None);
+        assert_ne!(c.namespaces.pid, None);
     }
 }
