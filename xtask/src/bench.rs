@@ -70,6 +70,14 @@ pub struct Options {
     /// built once, in a git worktree under target/bench/against.
     #[arg(long, value_name = "REV")]
     pub against: Option<String>,
+    /// Start each agent as in a pod on a cgroup v2 node: in a cgroup and a
+    /// cgroup namespace of its own (`unshare --cgroup`), told the host's
+    /// namespace by `--host-namespaces-pid` (this process). The agent then
+    /// reads every container's cgroup in the host's namespace, as in the
+    /// DaemonSet. Applies to the agents this process starts (discovery,
+    /// churn, memory, start-up); not to the consumers part.
+    #[arg(long)]
+    pub agent_cgroup_namespace: bool,
     /// Internal: run only the consumers part, in this process, and write
     /// its results to PATH (how a release build of xtask runs it).
     #[arg(long, hide = true, value_name = "PATH")]
@@ -176,6 +184,57 @@ struct Agent {
     err: PathBuf,
 }
 
+/// The cgroup agents run in with `--agent-cgroup-namespace`.
+static AGENT_CGROUP: std::sync::OnceLock<AgentCgroup> = std::sync::OnceLock::new();
+
+/// A cgroup (v2) that agents are started in, each in a cgroup namespace
+/// rooted there: as a DaemonSet's pod sees the node's cgroups.
+struct AgentCgroup {
+    dir: PathBuf,
+}
+
+impl AgentCgroup {
+    /// Makes `lookout-bench-agents` under the cgroup2 mount, once.
+    fn make() -> anyhow::Result<()> {
+        let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+        let mount = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.len() > 2 && f[2] == "cgroup2")
+            .map(|f| PathBuf::from(f[1]))
+            .context("--agent-cgroup-namespace: no cgroup2 hierarchy is mounted")?;
+        let dir = mount.join("lookout-bench-agents");
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+        say(
+            "bench",
+            &format!(
+                "agents run in {} and a cgroup namespace of their own",
+                dir.display()
+            ),
+        );
+        let _ = AGENT_CGROUP.set(AgentCgroup { dir });
+        Ok(())
+    }
+
+    /// `command` (a `lookout run`), started in this cgroup and a new cgroup
+    /// namespace, with this process as the host's: the shell and
+    /// `unshare` exec, so the agent keeps the pid spawned.
+    fn wrap(&self, command: &Command) -> Command {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg("echo $$ > \"$0/cgroup.procs\" && exec unshare --cgroup \"$@\"")
+            .arg(&self.dir)
+            .arg(command.get_program())
+            .args(command.get_args())
+            .arg(format!("--host-namespaces-pid={}", std::process::id()));
+        sh
+    }
+}
+
 impl Agent {
     /// Starts the agent with stdout and stderr in `work` and waits for its
     /// `ready` line; returns it and the time to ready.
@@ -183,9 +242,12 @@ impl Agent {
         let out = work.join("agent.out");
         let err = work.join("agent.err");
         let t = Instant::now();
-        let child = Command::new(bin)
-            .args(["run", "--output", "json"])
-            .args(args)
+        let mut command = Command::new(bin);
+        command.args(["run", "--output", "json"]).args(args);
+        if let Some(cg) = AGENT_CGROUP.get() {
+            command = cg.wrap(&command);
+        }
+        let child = command
             // The start-up phases are a debug line (see `startup`).
             .env_remove("LOOKOUT_LOG")
             .env("RUST_LOG", "info,lookout_agent::run::startup=debug")
@@ -872,6 +934,9 @@ pub fn bench(opts: &Options) -> anyhow::Result<()> {
         bail!(
             "the benchmark needs root (fanotify permission events, BPF, runc): sudo -E cargo xtask bench"
         );
+    }
+    if opts.agent_cgroup_namespace {
+        AgentCgroup::make()?;
     }
     let paths = Paths::new();
     if let Some(out) = &opts.consumers_out {

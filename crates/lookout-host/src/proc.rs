@@ -76,6 +76,8 @@ pub fn namespaces(pid: u32) -> Namespaces {
 /// namespace does.
 pub fn cgroup(pid: u32) -> Option<String> {
     let text = match HOST_CGROUP_READER.get() {
+        // A thread that entered the host's namespace reads it itself.
+        Some(_) if IN_HOST_CGROUP_NAMESPACE.get() => read_proc(&format!("/proc/{pid}/cgroup"))?,
         // N.B. no read in this process's namespace when the reader is
         // late: that path would be relative to the agent's own cgroup
         // (`/../../kubepods/...`), a wrong answer where none is honest.
@@ -85,9 +87,43 @@ pub fn cgroup(pid: u32) -> Option<String> {
     parse_cgroup(&text)
 }
 
+std::thread_local! {
+    /// Whether this thread entered the host's cgroup namespace
+    /// ([`enter_host_cgroup_namespace`]).
+    static IN_HOST_CGROUP_NAMESPACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Moves the calling thread into the host's cgroup namespace, once
+/// [`use_host_cgroup_namespace`] found it differs from this process's:
+/// [`cgroup`] then reads on this thread, without the hand-over to the
+/// reader thread there and back (two thread wake-ups per read). For
+/// threads that read a cgroup for every container and do nothing else
+/// that a cgroup namespace changes (it changes how `/proc/*/cgroup`
+/// reads, and cgroup2 mounts made from the thread).
+///
+/// Returns `Ok(false)`, and does nothing, when there is no other namespace
+/// to enter (or the thread is in it already).
+///
+/// # Errors
+/// What `setns(2)` returned (`EPERM` without `CAP_SYS_ADMIN`); the thread
+/// stays where it was and [`cgroup`] hands its reads over as before.
+pub fn enter_host_cgroup_namespace() -> std::io::Result<bool> {
+    let Some(reader) = HOST_CGROUP_READER.get() else {
+        return Ok(false);
+    };
+    if IN_HOST_CGROUP_NAMESPACE.get() {
+        return Ok(false);
+    }
+    enter_cgroup_namespace(&reader.namespace)?;
+    IN_HOST_CGROUP_NAMESPACE.set(true);
+    Ok(true)
+}
+
 /// Reads `/proc/<pid>/cgroup` on a thread in the host's cgroup namespace.
 struct HostCgroupReader {
     requests: std::sync::Mutex<std::sync::mpsc::Sender<(u32, std::sync::mpsc::SyncSender<String>)>>,
+    /// The host's cgroup namespace, for threads that enter it themselves.
+    namespace: std::fs::File,
 }
 
 static HOST_CGROUP_READER: std::sync::OnceLock<HostCgroupReader> = std::sync::OnceLock::new();
@@ -125,6 +161,7 @@ pub fn use_host_cgroup_namespace(pid: u32) -> std::io::Result<bool> {
         return Ok(true);
     }
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/cgroup"))?;
+    let namespace = ns.try_clone()?;
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let (tx, rx) = std::sync::mpsc::channel::<(u32, std::sync::mpsc::SyncSender<String>)>();
     std::thread::Builder::new()
@@ -147,6 +184,7 @@ pub fn use_host_cgroup_namespace(pid: u32) -> std::io::Result<bool> {
         .map_err(|_| std::io::Error::other("the cgroup namespace thread died"))??;
     let _ = HOST_CGROUP_READER.set(HostCgroupReader {
         requests: std::sync::Mutex::new(tx),
+        namespace,
     });
     Ok(true)
 }

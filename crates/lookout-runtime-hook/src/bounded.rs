@@ -143,6 +143,12 @@ mod pool {
                     0 => {}
                     ns => crate::ask_for_slice("reader", Duration::from_nanos(ns)),
                 }
+                // A container's cgroup is read here, right after its
+                // create's exit: read in the host's cgroup namespace from
+                // this thread, not handed to the one thread there and back.
+                if let Err(e) = lookout_host::proc::enter_host_cgroup_namespace() {
+                    tracing::debug!(%e, "a reader stays in the agent's cgroup namespace");
+                }
                 let mut job = job;
                 loop {
                     job();
