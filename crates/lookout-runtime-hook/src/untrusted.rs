@@ -234,9 +234,9 @@ const PREALLOCATED_AT_MOST: u64 = 64 * 1024;
 /// Reads `file`, `size` bytes when `fstat` was right. The buffer starts
 /// with room for those and one more (at most 64 KiB + 1: a read held by a
 /// hung file system reserves no more than that), so a runtime's config or
-/// state file is read in one call, which returns less than it asked for:
-/// for a regular file (the only kind opened here) that is its end, and no
-/// second read is made to see it. A file that grew since `fstat` fills the
+/// state file is read in one call, which returns less than it asked for
+/// and all `fstat` saw: for a regular file (the only kind opened here)
+/// that is its end, and no second read is made to see it. A file that grew since `fstat` fills the
 /// buffer, which then doubles, up to the limit and one byte more. (From an
 /// empty buffer, `read_to_end` probes with 32 bytes and doubles up, eight
 /// reads for a 2 KB config.json, and always reads once more for the end.)
@@ -247,14 +247,23 @@ fn read_all(mut file: std::fs::File, size: u64, policy: Policy) -> Result<Vec<u8
     let mut bytes = vec![0; usize::try_from(room).unwrap_or(1)];
     let mut len = 0;
     loop {
-        match file.read(&mut bytes[len..]) {
-            Ok(n) => len += n,
+        let n = match file.read(&mut bytes[len..]) {
+            Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Refused::Read(e)),
-        }
-        // Short (or nothing: the end), or past the limit already.
-        if len < bytes.len() || len as u64 >= limit {
+        };
+        len += n;
+        if n == 0 || len as u64 >= limit {
             break;
+        }
+        // Short, with all that fstat saw: the end. Short of it, it may be
+        // an I/O error part way (the page cache hands out what it read
+        // before it) or a FUSE reply cut short: read again, and see.
+        if len < bytes.len() {
+            if len as u64 >= size {
+                break;
+            }
+            continue;
         }
         let more = (bytes.len() as u64).saturating_mul(2).min(limit);
         bytes.resize(usize::try_from(more).unwrap_or(usize::MAX), 0);
