@@ -55,7 +55,11 @@ fn read_proc(path: &str) -> Option<String> {
 }
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
-    let target = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?;
+    parse_ns_link(&std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()?)
+}
+
+/// The inode in a namespace link's target (`mnt:[4026531841]`).
+fn parse_ns_link(target: &std::path::Path) -> Option<u64> {
     let s = target.to_str()?;
     s.split('[').nth(1)?.trim_end_matches(']').parse().ok()
 }
@@ -98,8 +102,10 @@ std::thread_local! {
 /// [`cgroup`] then reads on this thread, without the hand-over to the
 /// reader thread there and back (two thread wake-ups per read). For
 /// threads that read a cgroup for every container and do nothing else
-/// that a cgroup namespace changes (it changes how `/proc/*/cgroup`
-/// reads, and cgroup2 mounts made from the thread).
+/// that a cgroup namespace changes: how `/proc/*/cgroup` and the cgroup
+/// roots in `/proc/*/mountinfo` read, cgroup2 mounts made from the thread,
+/// and the namespace of every process the thread starts (a child inherits
+/// its creator's). Not for a thread that starts hooks or other programs.
 ///
 /// Returns `Ok(false)`, and does nothing, when there is no other namespace
 /// to enter (or the thread is in it already).
@@ -151,7 +157,8 @@ impl HostCgroupReader {
 ///
 /// Returns `Ok(false)` when this process is already in that namespace.
 /// Entering it takes `CAP_SYS_ADMIN`; one thread of this process lives
-/// there and does nothing but these reads.
+/// there and does nothing but these reads, for the threads that did not
+/// enter it themselves ([`enter_host_cgroup_namespace`]).
 pub fn use_host_cgroup_namespace(pid: u32) -> std::io::Result<bool> {
     let theirs = std::fs::read_link(format!("/proc/{pid}/ns/cgroup"))?;
     if std::fs::read_link("/proc/self/ns/cgroup")? == theirs {
@@ -273,6 +280,19 @@ pub enum NotInit {
     /// never one.
     #[error("pid {0} is not alive")]
     NotAlive(u32),
+    /// Alive, but started at another time than the runtime recorded for
+    /// its init: that init exited and its pid was reused.
+    #[error(
+        "pid {pid} started at tick {started}, not at {recorded} as the runtime recorded: reused"
+    )]
+    Reused {
+        /// The pid.
+        pid: u32,
+        /// When the process now behind it started (clock ticks since boot).
+        started: u64,
+        /// When the runtime recorded its init started.
+        recorded: u64,
+    },
     /// Its `/proc/<pid>/ns/mnt` cannot be read.
     #[error("the mount namespace of pid {0} cannot be read")]
     MountNamespaceUnreadable(u32),
@@ -285,14 +305,19 @@ pub enum NotInit {
 /// Why `pid`, named by a runtime's state as a container's init process,
 /// cannot be one: `None` when it can (see [`container_init`]).
 pub fn not_a_container_init(pid: u32) -> Option<String> {
-    container_init(pid).err().map(|e| e.to_string())
+    container_init(pid, None).err().map(|e| e.to_string())
 }
 
 /// `pid`, named by a runtime's state as a container's init process, if it
 /// can be one; else why not. It must be alive (not a zombie), not pid 1,
-/// and in a mount namespace of its own (neither this process's nor pid
-/// 1's, when that is readable). A state file that names a host process is
-/// a spoof or a bug, never a container.
+/// started when the runtime recorded (`recorded_start`, clock ticks since
+/// boot, when the state has it: runc's and crun's do), and in a mount
+/// namespace of its own (neither this process's nor pid 1's, when that is
+/// readable). A state file that names a host process is a spoof or a bug,
+/// never a container; one that names a reused pid is of a container that
+/// stopped. The start time is checked before the namespaces, so that a
+/// stopped container whose pid a host process took reads as
+/// [`NotInit::Reused`], not as a host process.
 ///
 /// One exception: this process, or one of its ancestors, in this process's
 /// mount namespace. That is the agent's own container (a DaemonSet's pod,
@@ -300,15 +325,27 @@ pub fn not_a_container_init(pid: u32) -> Option<String> {
 ///
 /// # Errors
 /// Why `pid` is no container's init.
-pub fn container_init(pid: u32) -> Result<Init, NotInit> {
+pub fn container_init(pid: u32, recorded_start: Option<u64>) -> Result<Init, NotInit> {
     if pid <= 1 {
         return Err(NotInit::HostInit(pid));
     }
     let Some(start_time) = live_start_time(pid) else {
         return Err(NotInit::NotAlive(pid));
     };
+    if let Some(recorded) = recorded_start.filter(|&at| at != start_time) {
+        return Err(NotInit::Reused {
+            pid,
+            started: start_time,
+            recorded,
+        });
+    }
     let Some(mnt) = ns_inode(pid, "mnt") else {
-        return Err(NotInit::MountNamespaceUnreadable(pid));
+        // Most often it exited in between.
+        return Err(if live_start_time(pid).is_none() {
+            NotInit::NotAlive(pid)
+        } else {
+            NotInit::MountNamespaceUnreadable(pid)
+        });
     };
     let (own, host) = fixed_mount_namespaces();
     if Some(mnt) == host || (Some(mnt) == own && !is_self_or_ancestor(pid)) {
@@ -321,21 +358,39 @@ pub fn container_init(pid: u32) -> Result<Init, NotInit> {
     })
 }
 
-/// This process's mount namespace and pid 1's (`None`: unreadable), read
-/// once. Neither changes while the agent runs: a process leaves its mount
-/// namespace only by `unshare(2)` or `setns(2)` (which lookout never calls
-/// for it; they fail in a process with threads), and pid 1 never does.
-/// Read for every container before, they were two path walks through
-/// `/proc` on the path from a `create`'s exit to its `added`.
+/// This process's mount namespace and pid 1's (`None`: not readable), read
+/// once. Neither changes while the agent runs: lookout never calls
+/// `unshare(2)` or `setns(2)` for a mount namespace, and pid 1 never leaves
+/// its own. Read for every container before, they were two path walks
+/// through `/proc` on the path from a `create`'s exit to its `added`.
+///
+/// N.B. Only an answer is kept: a value read, or pid 1's namespace refused
+/// to this process (`EACCES`: no ptrace access to pid 1, for good). Any
+/// other failure (`ENOMEM`) is read again next time: kept, it would turn
+/// the check against pid 1's namespace off for the agent's life.
 fn fixed_mount_namespaces() -> (Option<u64>, Option<u64>) {
-    static FIXED: std::sync::OnceLock<(Option<u64>, Option<u64>)> = std::sync::OnceLock::new();
-    *FIXED.get_or_init(|| {
-        let own = std::fs::metadata("/proc/self/ns/mnt").ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            m.ino()
-        });
-        (own, ns_inode(1, "mnt"))
-    })
+    use std::sync::OnceLock;
+    static OWN: OnceLock<Option<u64>> = OnceLock::new();
+    static HOST: OnceLock<Option<u64>> = OnceLock::new();
+    /// The inode of the namespace `link` names; `None` if it is for good.
+    fn read(link: &str) -> Result<Option<u64>, ()> {
+        match std::fs::read_link(link) {
+            Ok(target) => Ok(parse_ns_link(&target)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+    let once = |cell: &OnceLock<Option<u64>>, link: &str| match cell.get() {
+        Some(v) => *v,
+        None => match read(link) {
+            Ok(v) => *cell.get_or_init(|| v),
+            Err(()) => None,
+        },
+    };
+    (
+        once(&OWN, "/proc/self/ns/mnt"),
+        once(&HOST, "/proc/1/ns/mnt"),
+    )
 }
 
 /// Whether `pid` is this process or one of its ancestors (as this pid
@@ -542,15 +597,36 @@ mod tests {
 
     #[test]
     fn a_container_init_is_alive_and_not_in_the_hosts_mount_namespace() {
-        // This process: in its own mount namespace, but itself (the
-        // agent's own container).
         let me = std::process::id();
-        let init = container_init(me).expect("this process");
-        assert_eq!(init.pid, me);
-        assert_eq!(Some(init.start_time), start_time(me));
-        assert_eq!(init.namespaces(), namespaces(me));
-        assert_eq!(container_init(1), Err(NotInit::HostInit(1)));
-        assert_eq!(container_init(0), Err(NotInit::HostInit(0)));
+        let started = start_time(me).expect("own start time");
+        // This process is itself (the agent's own container), unless it
+        // shares pid 1's mount namespace, where pid 1's is readable: then it
+        // is a host process like any other.
+        let host = std::fs::read_link("/proc/1/ns/mnt").ok();
+        let ours = std::fs::read_link("/proc/self/ns/mnt").expect("own mnt");
+        if host.as_ref() == Some(&ours) {
+            assert_eq!(
+                container_init(me, None),
+                Err(NotInit::HostMountNamespace(me))
+            );
+        } else {
+            let init = container_init(me, None).expect("this process");
+            assert_eq!(init.pid, me);
+            assert_eq!(init.start_time, started);
+            assert_eq!(init.namespaces(), namespaces(me));
+            assert_eq!(container_init(me, Some(started)), Ok(init));
+        }
+        // Started at another time than recorded: reused, whatever else.
+        assert_eq!(
+            container_init(me, Some(started + 1)),
+            Err(NotInit::Reused {
+                pid: me,
+                started,
+                recorded: started + 1
+            })
+        );
+        assert_eq!(container_init(1, None), Err(NotInit::HostInit(1)));
+        assert_eq!(container_init(0, None), Err(NotInit::HostInit(0)));
         // A child in this mount namespace is a host process; once it
         // exited (a zombie, not reaped), not alive.
         let mut child = std::process::Command::new("sleep")
@@ -558,7 +634,10 @@ mod tests {
             .spawn()
             .expect("sleep");
         let pid = child.id();
-        assert_eq!(container_init(pid), Err(NotInit::HostMountNamespace(pid)));
+        assert_eq!(
+            container_init(pid, None),
+            Err(NotInit::HostMountNamespace(pid))
+        );
         assert_eq!(
             not_a_container_init(pid).as_deref(),
             Some(format!("pid {pid} is in the host's mount namespace").as_str())
@@ -568,7 +647,7 @@ mod tests {
         while live_start_time(pid).is_some() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        assert_eq!(container_init(pid), Err(NotInit::NotAlive(pid)));
+        assert_eq!(container_init(pid, None), Err(NotInit::NotAlive(pid)));
         let _ = child.wait();
     }
 

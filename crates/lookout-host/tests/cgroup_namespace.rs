@@ -37,7 +37,12 @@ struct Other {
 
 impl Other {
     fn start(dir: String) -> Other {
-        std::fs::create_dir(&dir).expect("mkdir the cgroup");
+        // One left by a run that was killed is reused.
+        if let Err(e) = std::fs::create_dir(&dir)
+            && e.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            panic!("mkdir {dir}: {e}");
+        }
         let child = Command::new("sh")
             .args([
                 "-c",
@@ -46,11 +51,18 @@ impl Other {
             ])
             .spawn()
             .expect("sh");
-        let other = Other { child, dir };
+        let mut other = Other { child, dir };
         let own = std::fs::read_link("/proc/self/ns/cgroup").expect("own cgroup ns");
         let pid = other.child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).is_ok_and(|ns| ns == own) {
+        loop {
+            if let Ok(Some(status)) = other.child.try_wait() {
+                panic!("sh could not join {} or unshare: {status}", other.dir);
+            }
+            match std::fs::read_link(format!("/proc/{pid}/ns/cgroup")) {
+                Ok(ns) if ns != own => break,
+                _ => {}
+            }
             assert!(
                 Instant::now() < deadline,
                 "the child never left our cgroup namespace"

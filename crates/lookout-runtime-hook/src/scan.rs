@@ -66,11 +66,12 @@ pub fn scan_state_in(
                     continue;
                 }
             };
-            let init = match proc::container_init(state.pid) {
+            let init = match proc::container_init(state.pid, state.start_time) {
                 Ok(init) => init,
-                // A stopped container's state stays until its delete.
-                Err(proc::NotInit::NotAlive(_)) => {
-                    tracing::debug!(id, pid = state.pid, "state file names a dead pid");
+                // A stopped container's state stays until its delete, and
+                // its pid may have been taken by then.
+                Err(proc::NotInit::NotAlive(_) | proc::NotInit::Reused { .. }) => {
+                    tracing::debug!(id, pid = state.pid, "state file names a dead or reused pid");
                     continue;
                 }
                 Err(why) => {
@@ -86,10 +87,6 @@ pub fn scan_state_in(
                     continue;
                 }
             };
-            if state.start_time.is_some_and(|at| at != init.start_time) {
-                tracing::debug!(id, pid = state.pid, "state file names a reused pid");
-                continue;
-            }
             let config = state.bundle.as_ref().and_then(|b| {
                 read_config_within(host_root, b, None, SCAN_CONFIG_DEADLINE)
                     .map_err(|e| {

@@ -249,10 +249,7 @@ fn created(
     config: Option<OciConfig>,
 ) -> Option<Container> {
     let s = state::read_state_under(Path::new("/"), &runtime, root, id).ok()?;
-    let init = proc::container_init(s.pid).ok()?;
-    if s.start_time.is_some_and(|at| at != init.start_time) {
-        return None;
-    }
+    let init = proc::container_init(s.pid, s.start_time).ok()?;
     let mut c = Container::new(id, runtime);
     c.bundle = bundle;
     c.runtime_root = Some(root.to_path_buf());

@@ -175,9 +175,12 @@ impl Builder {
     /// Adds what the caller knows of a container (the Kubernetes identity
     /// a Pod informer has, say) before the hook tracks and reports it.
     /// Called off the hook's task (on the thread that read the container's
-    /// files, or during a scan), once per container: it must not wait long.
-    /// The hook's table and the `added` event then share one record; a
-    /// sink that filled it in later would have to copy it.
+    /// files, or during a scan), once per container: it must not wait long,
+    /// nor start processes (a reader thread may be in the host's cgroup
+    /// namespace, see [`lookout_host::proc::enter_host_cgroup_namespace`],
+    /// and a child would be there too). The hook's table and the `added`
+    /// event then share one record; a sink that filled it in later would
+    /// have to copy it.
     pub fn enrich(mut self, f: impl Fn(&mut Container) + Send + Sync + 'static) -> Self {
         self.config.enrich = Some(Arc::new(f));
         self
@@ -1368,18 +1371,8 @@ fn resolve(
         // one the runtime started (as the start-up scan does): a pid that
         // started at another time than the state recorded was reused.
         None => {
-            let init = proc::container_init(pid)
+            let init = proc::container_init(pid, recorded_start)
                 .map_err(|why| missed("not-a-container-process", format!("pid {pid}: {why}")))?;
-            if let Some(at) = recorded_start.filter(|&at| at != init.start_time) {
-                return Err(missed(
-                    "not-a-container-process",
-                    format!(
-                        "pid {pid} started at tick {}, not at {at} as the state says: the init \
-                         exited and its pid was reused",
-                        init.start_time
-                    ),
-                ));
-            }
             fill_init(&mut c, &init, p.config.take(), p.status);
         }
     }
