@@ -66,8 +66,13 @@ fn parse_ns_link(target: &std::path::Path) -> Option<u64> {
 
 /// The mnt, net and pid namespace inodes of `pid`.
 pub fn namespaces(pid: u32) -> Namespaces {
+    namespaces_with_mnt(pid, ns_inode(pid, "mnt"))
+}
+
+/// [`namespaces`], the mount namespace already known.
+fn namespaces_with_mnt(pid: u32, mnt: Option<u64>) -> Namespaces {
     let mut ns = Namespaces::default();
-    ns.mnt = ns_inode(pid, "mnt");
+    ns.mnt = mnt;
     ns.net = ns_inode(pid, "net");
     ns.pid = ns_inode(pid, "pid");
     ns
@@ -261,11 +266,7 @@ impl Init {
     /// Its mnt, net and pid namespace inodes, as [`namespaces`] reads
     /// them, the mount namespace from the check (one `readlink` fewer).
     pub fn namespaces(&self) -> Namespaces {
-        let mut ns = Namespaces::default();
-        ns.mnt = Some(self.mnt);
-        ns.net = ns_inode(self.pid, "net");
-        ns.pid = ns_inode(self.pid, "pid");
-        ns
+        namespaces_with_mnt(self.pid, Some(self.mnt))
     }
 }
 

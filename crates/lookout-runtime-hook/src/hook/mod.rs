@@ -1354,7 +1354,7 @@ fn resolve(
         Some(_) if pid <= 1 => {
             return Err(missed(
                 "not-a-container-process",
-                format!("pid {pid}: pid {pid} is the host's init"),
+                format!("pid {pid}: {}", proc::NotInit::HostInit(pid)),
             ));
         }
         Some(obs) => {
