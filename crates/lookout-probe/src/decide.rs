@@ -1,7 +1,7 @@
 //! The discovery-mode decision: a pure function of what was found, so
 //! every branch is unit-tested without a kernel.
 
-use crate::report::{Mode, Refusal};
+use crate::mode::{Mode, Refusal};
 
 /// What each mode depends on; `Err` holds the reason a requirement fails.
 #[derive(Debug, Clone, PartialEq, Eq)]

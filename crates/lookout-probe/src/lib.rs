@@ -36,6 +36,7 @@ mod bpf;
 mod decide;
 mod errno;
 mod fanotify;
+mod mode;
 mod report;
 mod runtimes;
 mod system;
@@ -47,7 +48,8 @@ pub use bpf::BpfFacts;
 pub use decide::Facts;
 pub use errno::{describe as describe_io_error, errno_name};
 pub use fanotify::{FanotifyFacts, explain_init as explain_fanotify_init};
-pub use report::{Check, Fail, Mode, ProbeReport, Refusal, Status, UnknownMode};
+pub use mode::{Mode, Refusal, UnknownMode};
+pub use report::{Check, Fail, ProbeReport, Status};
 pub use runtimes::{
     KNOWN_RUNTIME_PATHS, RUNTIME_NAMES, RuntimeBinary, candidate_paths, find_runtimes,
 };
