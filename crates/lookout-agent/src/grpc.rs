@@ -889,7 +889,7 @@ pub fn spawn(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let (serving, serving_rx) = tokio::sync::watch::channel(false);
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
+    crate::listen::on_own_thread("lookout-grpc", "the consumer API", move || async move {
         // Before the first connection is served: NOT_SERVING (the reporter
         // starts with "" SERVING), then whatever the agent says.
         set_health(&reporter, tonic_health::ServingStatus::NotServing).await;
@@ -909,7 +909,7 @@ pub fn spawn(
             hub.metrics().clone(),
         ));
         let incoming = tokio_stream::StreamExt::filter_map(
-            crate::accept::accepted(listener, "consumer API"),
+            crate::listen::accepted(listener, "consumer API"),
             move |stream| {
                 gate.admit(stream)
                     .map(|c| Ok::<_, std::io::Error>(lookout_api::unix::AuthorityFix::new(c)))

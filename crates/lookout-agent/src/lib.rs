@@ -23,19 +23,20 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-mod accept;
 mod cli;
 mod docker;
 mod embed;
+mod endpoints;
 mod grpc;
 mod handover;
 mod hooks;
 mod hub;
 mod k8s_events;
+mod listen;
 mod merge;
+mod metrics;
 mod nri;
 mod run;
-mod serve;
 mod watch_wire;
 
 pub use embed::{Builder, Discovery};

@@ -175,7 +175,7 @@ pub(crate) fn run_with(
 /// N.B. Not tokio's multi-thread runtime with one worker: that does the
 /// same here, and its scheduler's statistics (`powf`) were one of the two
 /// reasons the agent loaded libm, which costs about 0.45 MiB of resident
-/// pages (see `serve::exponential_buckets`).
+/// pages (see `metrics::exponential_buckets`).
 struct SideRuntime {
     handle: tokio::runtime::Handle,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -221,13 +221,14 @@ async fn run_async(
     } else {
         Output::Json
     });
-    let metrics = std::sync::Arc::new(crate::serve::Metrics::new());
-    let shared = std::sync::Arc::new(crate::serve::Endpoints {
+    let (metrics, hub_metrics) = crate::metrics::Metrics::with(crate::hub::HubMetrics::register);
+    let metrics = std::sync::Arc::new(metrics);
+    let shared = std::sync::Arc::new(crate::endpoints::Endpoints {
         metrics: std::sync::Arc::clone(&metrics),
         ready: std::sync::RwLock::new(None),
         hook: std::sync::OnceLock::new(),
     });
-    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
+    crate::endpoints::spawn(args.listen, std::sync::Arc::clone(&shared));
     let (stdout, stdout_barrier) =
         StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
     let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
@@ -303,7 +304,7 @@ async fn run_async(
     } else {
         None
     };
-    let hub = Hub::new(hub_config(&args), metrics.hub());
+    let hub = Hub::new(hub_config(&args), hub_metrics);
     let (stack, hooks_barrier) =
         sink_stack(stdout, &hub, hook_settings, events, &side, claims.clone());
     let hooks_in_flight = stack.inner().in_flight();
@@ -448,7 +449,7 @@ async fn run_async(
 struct Discovery<'a> {
     args: &'a RunArgs,
     side: &'a tokio::runtime::Handle,
-    metrics: &'a std::sync::Arc<crate::serve::Metrics>,
+    metrics: &'a std::sync::Arc<crate::metrics::Metrics>,
     /// What a container's start waits for in NRI.
     nri_barrier: std::sync::Arc<dyn StartBarrier>,
     /// Start-up so far, logged on `ready`.
@@ -677,7 +678,7 @@ async fn run_hook_task(
 async fn k8s_events(
     args: &RunArgs,
     kube: &mut Kube,
-    metrics: &crate::serve::Metrics,
+    metrics: &crate::metrics::Metrics,
 ) -> Option<Events> {
     if !args.k8s_events {
         return None;
@@ -743,7 +744,7 @@ fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> std::path::
         .unwrap_or_else(|_| host_root.join(path.strip_prefix("/").unwrap_or(path)))
 }
 
-fn set_ready(shared: &crate::serve::Endpoints, body: String) {
+fn set_ready(shared: &crate::endpoints::Endpoints, body: String) {
     if let Ok(mut r) = shared.ready.write() {
         *r = Some(body);
     }

@@ -51,7 +51,7 @@ use super::args::Output;
 /// writes every slot up front (256 KiB, resident for the agent's life).
 pub(crate) struct StdoutSink {
     output: Output,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     progress: Arc<Progress>,
     queue: std::sync::mpsc::Sender<ContainerEvent>,
     /// Events waiting for the writer at most ([`STDOUT_QUEUE`]).
@@ -176,7 +176,7 @@ impl StdoutSink {
     pub(crate) fn new(
         output: Output,
         deadline: Duration,
-        metrics: Arc<crate::serve::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
         Self::with_writer(output, deadline, metrics, std::io::stdout(), STDOUT_QUEUE)
     }
@@ -186,7 +186,7 @@ impl StdoutSink {
     fn with_writer(
         output: Output,
         deadline: Duration,
-        metrics: Arc<crate::serve::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
         mut out: impl Write + Send + 'static,
         bound: u64,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
@@ -288,7 +288,7 @@ impl Sink for StdoutSink {
 /// caller's, NRI's, if sooner); not at all while the writer is stuck.
 pub(crate) struct StdoutBarrier {
     progress: Arc<Progress>,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl StdoutBarrier {
@@ -404,7 +404,7 @@ mod tests {
         let progress = Arc::new(Progress::new(deadline));
         let b = StdoutBarrier {
             progress: Arc::clone(&progress),
-            metrics: Arc::new(crate::serve::Metrics::new()),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         };
         (progress, b)
     }
@@ -451,7 +451,7 @@ mod tests {
             held: true,
             lines: Arc::clone(&lines),
         };
-        let metrics = Arc::new(crate::serve::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let (mut sink, _barrier) = StdoutSink::with_writer(Output::Json, DEADLINE, metrics, out, 3)
             .expect("writer thread");
         let container = Arc::new(lookout_model::Container::new(
