@@ -12,18 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::Stream;
 use lookout_api::v1 as pb;
 use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::watch_wire::{Api, Frames, WatchFrame};
-
 use crate::hub::{
-    Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
-    WatchItem, WeakLive, lock,
+    Hub, Refused, Responder, Subscription, Verdict, WatchEnd, WatchItem, WeakLive, lock,
 };
+use crate::watch_wire::{FramedLookout, Frames, Out, WatchFrame, WatchFrames};
+use crate::wire;
 
 /// Who may use `Gate` besides root.
 #[derive(Debug, Clone, Default)]
@@ -45,121 +43,13 @@ pub struct Service {
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
-    /// The changes encoded for the watchers lately (see `watch_wire`).
+    /// The changes encoded for the watchers lately.
     frames: Arc<Frames>,
 }
-
-/// Entries at most in each of a filter's lists and maps: a filter is
-/// matched against every event while the hub's table is locked, so its
-/// size is the consumer's to keep small.
-pub const MAX_FILTER_ENTRIES: usize = 64;
-
-/// Bytes at most in one string of a filter (a Kubernetes label value is
-/// at most 63, an annotation key 317).
-pub const MAX_FILTER_STRING: usize = 1024;
 
 /// Bytes at most in one request message (a Subscribe with the largest
 /// filter fits with room to spare).
 pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
-
-fn filter_of(f: Option<pb::Filter>) -> Result<Filter, Status> {
-    let f = f.unwrap_or_default();
-    for (what, n) in [
-        ("runtimes", f.runtimes.len()),
-        ("namespaces", f.namespaces.len()),
-        ("pod_labels", f.pod_labels.len()),
-        ("annotations", f.annotations.len()),
-    ] {
-        if n > MAX_FILTER_ENTRIES {
-            return Err(Status::invalid_argument(format!(
-                "filter.{what} has {n} entries; at most {MAX_FILTER_ENTRIES}"
-            )));
-        }
-    }
-    let long = f
-        .runtimes
-        .iter()
-        .chain(&f.namespaces)
-        .chain(f.pod_labels.iter().flat_map(|(k, v)| [k, v]))
-        .chain(f.annotations.iter().flat_map(|(k, v)| [k, v]))
-        .any(|s| s.len() > MAX_FILTER_STRING);
-    if long {
-        return Err(Status::invalid_argument(format!(
-            "a filter string is longer than {MAX_FILTER_STRING} bytes"
-        )));
-    }
-    let mut pod_labels: Vec<(String, String)> = f.pod_labels.into_iter().collect();
-    pod_labels.sort();
-    let mut annotations: Vec<(String, String)> = f.annotations.into_iter().collect();
-    annotations.sort();
-    Ok(Filter {
-        runtimes: f.runtimes,
-        namespaces: f.namespaces,
-        pod_labels,
-        annotations,
-    })
-}
-
-/// The wire form of a container.
-pub fn container_pb(l: &Live) -> pb::Container {
-    let c = &l.container;
-    let ns = &c.namespaces;
-    pb::Container {
-        id: c.id.clone(),
-        runtime: c.runtime.to_string(),
-        pid: c.pid.unwrap_or(0),
-        status: format!("{:?}", c.status).to_lowercase(),
-        bundle: c
-            .bundle
-            .as_ref()
-            .map(|b| b.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        cgroup: c.cgroup.clone().unwrap_or_default(),
-        sandbox: c.sandbox.clone().unwrap_or_default(),
-        pod_sandbox: c.pod_sandbox,
-        name: c.name.clone().unwrap_or_default(),
-        image: c.image.clone().unwrap_or_default(),
-        image_id: c.image_id.clone().unwrap_or_default(),
-        labels: c.labels.clone().into_iter().collect(),
-        annotations: c.annotations.clone().into_iter().collect(),
-        args: c.args.clone(),
-        kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {
-            namespace: k.namespace.clone().unwrap_or_default(),
-            pod: k.pod.clone().unwrap_or_default(),
-            pod_uid: k.pod_uid.clone().unwrap_or_default(),
-            container: k.container.clone().unwrap_or_default(),
-            image: k.image.clone().unwrap_or_default(),
-            labels: k.labels.clone().into_iter().collect(),
-        }),
-        source: l.source.to_string(),
-        added_monotonic_ns: l.added_monotonic_ns,
-        added_unix_ms: l.added_unix_ms,
-        namespaces: Some(pb::Namespaces {
-            mnt: ns.mnt.unwrap_or(0),
-            pid: ns.pid.unwrap_or(0),
-            net: ns.net.unwrap_or(0),
-            // Not collected by the agent yet.
-            ..Default::default()
-        }),
-    }
-}
-
-fn change_pb(c: &Change) -> pb::WatchEvent {
-    pb::WatchEvent {
-        kind: match c.kind {
-            lookout_model::EventKind::Added => pb::watch_event::Kind::Added,
-            lookout_model::EventKind::Removed => pb::watch_event::Kind::Removed,
-            lookout_model::EventKind::Updated => pb::watch_event::Kind::Updated,
-        } as i32,
-        revision: c.revision,
-        container: Some(container_pb(&c.live)),
-        exit_code: c.exit_code,
-        reason: c.reason.clone().unwrap_or_default(),
-        monotonic_ns: c.monotonic_ns,
-    }
-}
-
-pub(crate) type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// A subscriber name fit for logs and metric labels.
 fn clean_name(name: &str) -> String {
@@ -171,10 +61,10 @@ fn clean_name(name: &str) -> String {
     if n.is_empty() { "unnamed".into() } else { n }
 }
 
-impl Service {
+impl WatchFrames for Service {
     /// `Watch`: a snapshot first when asked, then every change, each
     /// encoded once for all watchers ([`Frames`]).
-    pub(crate) async fn watch_frames(
+    async fn watch_frames(
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Out<WatchFrame>>, Status> {
@@ -186,7 +76,7 @@ impl Service {
         let r = req.into_inner();
         let mut w = self
             .hub
-            .watch_as(r.since, filter_of(r.filter)?, root)
+            .watch_as(r.since, wire::filter_of(r.filter)?, root)
             .map_err(refused)?;
         let frames = Arc::clone(&self.frames);
         let out = async_stream::stream! {
@@ -206,24 +96,14 @@ impl Service {
                             };
                             // Nothing strong is held across the yield (a
                             // stream that is not polled again keeps it).
-                            let container = Some(container_pb(&l));
+                            let event = wire::snapshot_pb(revision, &l);
                             drop(l);
-                            yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
-                                kind: pb::watch_event::Kind::Snapshot as i32,
-                                revision,
-                                container,
-                                ..Default::default()
-                            })));
+                            yield Ok(WatchFrame::Message(Box::new(event)));
                         }
-                        yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
-                            kind: pb::watch_event::Kind::SnapshotEnd as i32,
-                            revision,
-                            monotonic_ns: lookout_model::monotonic_ns(),
-                            ..Default::default()
-                        })));
+                        yield Ok(WatchFrame::Message(Box::new(wire::snapshot_end_pb(revision))));
                     }
                     Ok(WatchItem::Change(c)) => {
-                        let frame = frames.get_or_encode(c.revision, || change_pb(&c));
+                        let frame = frames.change(&c);
                         drop(c);
                         yield Ok(WatchFrame::Encoded(frame));
                     }
@@ -233,8 +113,8 @@ impl Service {
                     }
                     Err(WatchEnd::Closed) => {
                         // After the last change: a standby agent that reads
-                        // this has them all (crate::handover::mirror).
-                        yield Err(Status::unavailable(crate::handover::CLOSING));
+                        // this has them all.
+                        yield Err(Status::unavailable(wire::CLOSING));
                         break;
                     }
                 }
@@ -254,10 +134,10 @@ impl Lookout for Service {
         if self.hub.is_closed() {
             return Err(refused(Refused::Closing));
         }
-        let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter)?);
+        let (revision, live) = self.hub.list(&wire::filter_of(req.into_inner().filter)?);
         Ok(Response::new(pb::ListResponse {
             revision,
-            containers: live.iter().map(container_pb).collect(),
+            containers: live.iter().map(wire::container_pb).collect(),
         }))
     }
 
@@ -267,8 +147,8 @@ impl Lookout for Service {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        // The socket's `Watch` is `watch_wire::Api`'s, which sends the
-        // frames as they are; this is the generated server's path, the
+        // The socket serves `Watch` through `FramedLookout`, which sends
+        // the frames as they are; this is the generated server's path, the
         // same stream with each change decoded again.
         use futures::StreamExt;
         use prost::Message;
@@ -324,12 +204,8 @@ impl Lookout for Service {
             0 => self.default_deadline,
             ms => Duration::from_millis(u64::from(ms)),
         };
-        let filter = filter_of(s.filter)?;
-        let on_failure = match pb::FailurePolicy::try_from(s.on_failure) {
-            Ok(pb::FailurePolicy::FailClosed) => FailurePolicy::Closed,
-            Ok(pb::FailurePolicy::FailOpen) => FailurePolicy::Open,
-            Err(_) => return Err(Status::invalid_argument("unknown on_failure policy")),
-        };
+        let filter = wire::filter_of(s.filter)?;
+        let on_failure = wire::failure_policy_of(s.on_failure)?;
         let sub = self
             .hub
             .gate_as(
@@ -383,7 +259,7 @@ impl Lookout for Service {
                         yield Ok(pb::GateResponse {
                             msg: Some(pb::gate_response::Msg::Hold(pb::Hold {
                                 hold_id: h.hold_id,
-                                container: Some(container_pb(&h.live)),
+                                container: Some(wire::container_pb(&h.live)),
                                 held,
                                 monotonic_ns: h.monotonic_ns,
                             })),
@@ -924,7 +800,7 @@ pub fn spawn(
         tracing::info!(socket = %path.display(), "consumer API listening");
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(Api::new(svc, MAX_REQUEST_BYTES))
+            .add_service(FramedLookout::new(svc, MAX_REQUEST_BYTES))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -936,39 +812,4 @@ pub fn spawn(
     })
     .context("spawning the consumer API thread")?;
     Ok(Health(serving))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_filter_too_large_to_match_cheaply_is_refused() {
-        let many = |n: usize| (0..n).map(|i| format!("ns{i}")).collect::<Vec<_>>();
-        let ok = pb::Filter {
-            namespaces: many(MAX_FILTER_ENTRIES),
-            ..Default::default()
-        };
-        assert_eq!(
-            filter_of(Some(ok)).expect("at the limit").namespaces.len(),
-            MAX_FILTER_ENTRIES
-        );
-        let wide = pb::Filter {
-            namespaces: many(MAX_FILTER_ENTRIES + 1),
-            ..Default::default()
-        };
-        let e = filter_of(Some(wide)).expect_err("too many");
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(
-            e.message().contains("filter.namespaces has 65 entries"),
-            "{e}"
-        );
-        let long = pb::Filter {
-            pod_labels: [("app".to_string(), "x".repeat(MAX_FILTER_STRING + 1))].into(),
-            ..Default::default()
-        };
-        let e = filter_of(Some(long)).expect_err("too long");
-        assert!(e.message().contains("longer than"), "{e}");
-        assert!(filter_of(None).is_ok(), "no filter: everything");
-    }
 }

@@ -38,6 +38,7 @@ mod metrics;
 mod nri;
 mod run;
 mod watch_wire;
+mod wire;
 
 pub use embed::{Builder, Discovery};
 pub use hub::{
