@@ -45,7 +45,7 @@ use lookout_api::v1 as pb;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::hub::{FailurePolicy, Filter, Hub, Live, Subscription};
+use crate::hub::{FailurePolicy, Filter, Hub, Live, Subscription, SubscriptionStore};
 use crate::wire;
 
 fn open_private(path: &Path) -> std::io::Result<File> {
@@ -397,9 +397,12 @@ impl Book {
             gates: beside(socket, "gates"),
         }
     }
+}
 
-    /// Records the gate subscriptions in force, with their peers' uids.
-    pub fn write_gates(&self, subs: &[(Subscription, u32)]) {
+/// The hub saves its gate subscriptions in the gates file, with their
+/// peers' uids, and a successor's hub loads them from there.
+impl SubscriptionStore for Book {
+    fn save(&self, subs: &[(Subscription, u32)]) {
         let mut out = b"[".to_vec();
         let mut left_out = 0;
         for (s, uid) in subs {
@@ -444,9 +447,9 @@ impl Book {
         }
     }
 
-    /// The gate subscriptions the serving agent recorded (none if it
-    /// recorded none, or the file is unreadable: that is logged).
-    pub fn read_gates(&self) -> Vec<(Subscription, u32)> {
+    /// None if the serving agent recorded none, or the file is unreadable
+    /// (that is logged).
+    fn load(&self) -> Vec<(Subscription, u32)> {
         let Some(bytes) = read_limited(&self.gates, GATES_LIMIT) else {
             return Vec::new();
         };
@@ -718,6 +721,33 @@ mod tests {
         };
         let (_, q) = tokio::join!(slow, quick);
         assert_eq!(q, Once::Busy);
+    }
+
+    #[test]
+    fn the_book_gives_back_the_subscriptions_saved_in_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let book = Book::new(&dir.path().join("s.sock"));
+        assert!(book.load().is_empty(), "nothing saved yet");
+        let sub = Subscription {
+            name: "tracer".into(),
+            filter: Filter {
+                runtimes: vec!["runc".into()],
+                namespaces: vec!["default".into()],
+                pod_labels: vec![("app".into(), "web".into())],
+                annotations: vec![("a".into(), "b".into())],
+            },
+            deadline: Duration::from_millis(300),
+            on_failure: FailurePolicy::Closed,
+        };
+        book.save(&[(sub.clone(), 1000)]);
+        let loaded = book.load();
+        assert_eq!(loaded.len(), 1);
+        let (got, uid) = &loaded[0];
+        assert_eq!(*uid, 1000);
+        assert_eq!(
+            (&got.name, &got.filter, got.deadline, got.on_failure),
+            (&sub.name, &sub.filter, sub.deadline, sub.on_failure)
+        );
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub struct HubMetrics {
     decisions: Family<GateLabels, Counter>,
     hold_seconds: Family<SubscriberLabels, Histogram>,
     start_wait_seconds: Histogram,
-    /// Consumer API connections open (`crate::grpc`'s connection bounds).
+    /// Consumer API connections open (counted by the API's connection
+    /// limit).
     pub(crate) api_connections: Gauge,
     api_refused: Family<RefusedLabels, Counter>,
 }

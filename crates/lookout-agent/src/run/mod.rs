@@ -61,7 +61,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
 pub(crate) enum Control {
     /// `lookout run`: SIGTERM or SIGINT stops it.
     Signals,
-    /// Embedded ([`crate::Discovery`]): `stop` turning true stops it; the
+    /// Embedded (the crate's `Discovery`): `stop` turning true stops it; the
     /// hub is sent on `ready` once discovery runs.
     Embedded {
         stop: tokio::sync::watch::Receiver<bool>,
@@ -309,7 +309,7 @@ async fn run_async(
         sink_stack(stdout, &hub, hook_settings, events, &side, claims.clone());
     let hooks_in_flight = stack.inner().in_flight();
     if coordinated {
-        hub.keep_book(crate::handover::Book::new(&args.socket));
+        hub.keep_subscriptions(crate::handover::Book::new(&args.socket));
     }
     if let Some(c) = claims {
         // A container's claims stay while it lives: an agent that finds it
