@@ -468,18 +468,18 @@ async fn report_health(
     }
 }
 
-/// The consumer API's bounds on connections from peers other than root
+/// The consumer API's limits on connections from peers other than root
 /// and the agent's own user (`--api-max-connections`, and
 /// `--api-max-connections-per-uid` so that one uid cannot lock the others
-/// out): each holds an fd, and when fanotify cannot install an event's fd
-/// the kernel denies the runtime's exec.
-pub(crate) struct ConnectionGate {
+/// out): each connection holds an fd, and when fanotify cannot install an
+/// event's fd the kernel denies the runtime's exec.
+pub(crate) struct ConnectionLimit {
     permits: Arc<tokio::sync::Semaphore>,
     max: usize,
     per_uid: usize,
-    /// Connections held, by uid (`u32::MAX`: peers whose credentials could
-    /// not be read).
-    held: std::sync::Mutex<HashMap<u32, usize>>,
+    /// Slots taken, by uid (`u32::MAX`: peers whose credentials could not
+    /// be read).
+    taken: std::sync::Mutex<HashMap<u32, usize>>,
     /// The agent's own uid: its standby connects as it.
     me: u32,
     refused: std::sync::atomic::AtomicU64,
@@ -491,23 +491,23 @@ pub(crate) struct ConnectionGate {
 }
 
 /// How long a new connection may take to send its first bytes (the HTTP/2
-/// preface) before it is closed: an idle socket must not hold a permit.
+/// preface) before it is closed: an idle socket must not keep a slot.
 const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// At most one warning about refused connections this often.
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
-impl ConnectionGate {
+impl ConnectionLimit {
     pub(crate) fn new(
         max: usize,
         per_uid: usize,
         metrics: crate::hub::HubMetrics,
-    ) -> ConnectionGate {
-        ConnectionGate {
+    ) -> ConnectionLimit {
+        ConnectionLimit {
             permits: Arc::new(tokio::sync::Semaphore::new(max)),
             max,
             per_uid,
-            held: std::sync::Mutex::new(HashMap::new()),
+            taken: std::sync::Mutex::new(HashMap::new()),
             me: nix::unistd::geteuid().as_raw(),
             refused: std::sync::atomic::AtomicU64::new(0),
             logged: std::sync::Mutex::new(None),
@@ -516,14 +516,14 @@ impl ConnectionGate {
         }
     }
 
-    /// `stream` with its permit, or `None` (the connection is closed) when
-    /// its uid holds its share, or the others hold every permit. Never
+    /// `stream` with its slot, or `None` (the connection is closed) when
+    /// its uid has taken its share, or the others every slot. Never
     /// waits. A connection is registered with the runtime only once it is
     /// admitted: one refused costs no more than its accept.
     fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
         let uid = cred.map(|c| c.uid());
-        let hold = if uid.is_some_and(|u| u == 0 || u == self.me) {
+        let slot = if uid.is_some_and(|u| u == 0 || u == self.me) {
             None
         } else {
             Some(self.take(uid, cred.and_then(|c| c.pid()))?)
@@ -531,7 +531,7 @@ impl ConnectionGate {
         let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
-                // Its hold, if any, goes back as it drops. Logged at most
+                // Its slot, if any, goes back as it drops. Logged at most
                 // every 10 s: what fails here (ENOMEM, the epoll watch
                 // limit) fails for every connection until it clears.
                 self.metrics.api_refused("register");
@@ -548,27 +548,26 @@ impl ConnectionGate {
         };
         Some(Admitted {
             stream,
-            _hold: hold,
+            _slot: slot,
             _open: Open::new(&self.metrics.api_connections),
             preface: Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE))),
         })
     }
 
-    /// A share of the bounds for a peer of `uid` (`None`: unknown), or
-    /// `None` when it is refused (counted, and logged at most every
-    /// [`REFUSED_LOG_EVERY`]).
-    fn take(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<Hold> {
+    /// A slot for a peer of `uid` (`None`: unknown), or `None` when it is
+    /// refused (counted, and logged at most every [`REFUSED_LOG_EVERY`]).
+    fn take(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<Slot> {
         let key = uid.unwrap_or(u32::MAX);
-        let mut held = lock(&self.held);
-        let mine = held.get(&key).copied().unwrap_or(0);
+        let mut taken = lock(&self.taken);
+        let mine = taken.get(&key).copied().unwrap_or(0);
         let (why, reason) = if mine >= self.per_uid {
             ("this uid holds --api-max-connections-per-uid", "per-uid")
         } else {
             match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
-                    held.insert(key, mine + 1);
-                    return Some(Hold {
-                        gate: Arc::clone(self),
+                    taken.insert(key, mine + 1);
+                    return Some(Slot {
+                        limit: Arc::clone(self),
                         uid: key,
                         _permit: permit,
                     });
@@ -577,8 +576,8 @@ impl ConnectionGate {
             }
         };
         self.metrics.api_refused(reason);
-        let top = held.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
-        drop(held);
+        let top = taken.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
+        drop(taken);
         let n = self
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -627,30 +626,31 @@ impl Drop for Open {
     }
 }
 
-/// A connection's share of the bounds, given back when it closes.
-struct Hold {
-    gate: Arc<ConnectionGate>,
+/// A connection's slot under the [`ConnectionLimit`], given back when it
+/// closes.
+struct Slot {
+    limit: Arc<ConnectionLimit>,
     uid: u32,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl Drop for Hold {
+impl Drop for Slot {
     fn drop(&mut self) {
-        let mut held = lock(&self.gate.held);
-        if let Some(n) = held.get_mut(&self.uid) {
+        let mut taken = lock(&self.limit.taken);
+        if let Some(n) = taken.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.uid);
+                taken.remove(&self.uid);
             }
         }
     }
 }
 
-/// An accepted connection: its share of the bounds (none for root and the
-/// agent's own uid), and the deadline of its first bytes.
+/// An accepted connection: its slot (none for root and the agent's own
+/// uid), and the deadline of its first bytes.
 struct Admitted {
     stream: lookout_api::unix::QuietStream,
-    _hold: Option<Hold>,
+    _slot: Option<Slot>,
     _open: Open,
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -779,7 +779,7 @@ pub fn spawn(
         };
         // Below h2: the `:authority` that Python and Java clients send on
         // a Unix socket, which h2 refuses, becomes `localhost`.
-        let gate = Arc::new(ConnectionGate::new(
+        let limit = Arc::new(ConnectionLimit::new(
             max_connections,
             max_per_uid,
             hub.metrics().clone(),
@@ -787,7 +787,8 @@ pub fn spawn(
         let incoming = tokio_stream::StreamExt::filter_map(
             crate::listen::accepted(listener, "consumer API"),
             move |stream| {
-                gate.admit(stream)
+                limit
+                    .admit(stream)
                     .map(|c| Ok::<_, std::io::Error>(lookout_api::unix::AuthorityFix::new(c)))
             },
         );

@@ -159,7 +159,7 @@ struct ProbeArgs {
     /// text (a table) or json (one object).
     #[arg(short, long, value_enum, default_value_t = ProbeOutput::Text)]
     output: ProbeOutput,
-    /// The same as `--output json` (kept for scripts written before it).
+    /// The same as `--output json` (not shown in the help).
     #[arg(long, hide = true, conflicts_with = "output")]
     json: bool,
     /// Where the host's root file system is mounted.

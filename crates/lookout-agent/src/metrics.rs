@@ -419,10 +419,11 @@ impl lookout_runtime_hook::Observer for Metrics {
 
 /// `count` histogram bucket bounds from `start`, each `factor` times the
 /// one before: prometheus-client's `exponential_buckets`, by
-/// multiplication. Its `powf` was, with tokio's multi-thread scheduler, all
-/// the agent took from libm, and loading libm costs about 0.45 MiB of
-/// resident pages (its IFUNC resolvers, run at load, are spread over its
-/// text). For a factor that is a power of two the bounds are the same.
+/// multiplication. Its `powf` would be, with tokio's multi-thread
+/// scheduler (which the agent does not use), all the agent takes from
+/// libm, and loading libm costs about 0.45 MiB of resident pages (its
+/// IFUNC resolvers, run at load, are spread over its text). For a factor
+/// that is a power of two the bounds are the same.
 pub(crate) fn exponential_buckets(
     start: f64,
     factor: f64,

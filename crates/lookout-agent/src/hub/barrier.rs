@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use lookout_model::{Container, StartBarrier, StartDecision, StartWait};
 
-use super::gate::{Answer, FailurePolicy, OpenHold, Subscription, Verdict};
+use super::gate::{Answer, OpenHold, Subscription, Verdict};
 use super::{Hub, lock};
 
 impl Hub {
@@ -17,13 +17,6 @@ impl Hub {
     /// exits).
     pub(crate) fn starts_waiting(&self) -> u64 {
         self.waiting.load(Ordering::Acquire)
-    }
-
-    fn exempt(&self, c: &Container) -> bool {
-        c.kubernetes
-            .as_ref()
-            .and_then(|k| k.namespace.as_ref())
-            .is_some_and(|ns| self.config.exempt_namespaces.contains(ns))
     }
 
     /// A subscriber's answer, counted.
@@ -34,31 +27,6 @@ impl Hub {
             Verdict::Deny(_) => "deny",
         };
         (a.verdict, outcome)
-    }
-
-    /// What an unanswered hold becomes (`what` happened to the gate).
-    fn failure(&self, sub: &Subscription, c: &Container, what: &str) -> Verdict {
-        match sub.on_failure {
-            FailurePolicy::Open => {
-                tracing::warn!(
-                    id = c.id,
-                    gate = sub.name,
-                    what,
-                    "gate did not decide; the container starts (fail-open)"
-                );
-                Verdict::Allow
-            }
-            FailurePolicy::Closed if self.exempt(c) => {
-                tracing::warn!(
-                    id = c.id,
-                    gate = sub.name,
-                    what,
-                    "fail-closed gate not applied: the container's namespace is exempt"
-                );
-                Verdict::Allow
-            }
-            FailurePolicy::Closed => Verdict::Deny(format!("{what} (fail-closed)")),
-        }
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use lookout_model::Container;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Filter, Hub, Live, Refused, lock};
@@ -266,6 +267,38 @@ impl Hub {
                 issued,
                 overdue: Arc::clone(&s.overdue),
             });
+        }
+    }
+
+    fn exempt(&self, c: &Container) -> bool {
+        c.kubernetes
+            .as_ref()
+            .and_then(|k| k.namespace.as_ref())
+            .is_some_and(|ns| self.config.exempt_namespaces.contains(ns))
+    }
+
+    /// What an unanswered hold becomes (`what` happened to the gate).
+    pub(super) fn failure(&self, sub: &Subscription, c: &Container, what: &str) -> Verdict {
+        match sub.on_failure {
+            FailurePolicy::Open => {
+                tracing::warn!(
+                    id = c.id,
+                    gate = sub.name,
+                    what,
+                    "gate did not decide; the container starts (fail-open)"
+                );
+                Verdict::Allow
+            }
+            FailurePolicy::Closed if self.exempt(c) => {
+                tracing::warn!(
+                    id = c.id,
+                    gate = sub.name,
+                    what,
+                    "fail-closed gate not applied: the container's namespace is exempt"
+                );
+                Verdict::Allow
+            }
+            FailurePolicy::Closed => Verdict::Deny(format!("{what} (fail-closed)")),
         }
     }
 }

@@ -172,10 +172,10 @@ pub(crate) fn run_with(
 /// The side runtime: a current-thread runtime that a thread of its own,
 /// `lookout-side`, drives until [`SideRuntime::stop`].
 ///
-/// N.B. Not tokio's multi-thread runtime with one worker: that does the
-/// same here, and its scheduler's statistics (`powf`) were one of the two
-/// reasons the agent loaded libm, which costs about 0.45 MiB of resident
-/// pages (see `metrics::exponential_buckets`).
+/// N.B. Not tokio's multi-thread runtime with one worker: that would do
+/// the same here, and its scheduler's statistics call `powf`, which makes
+/// the agent load libm, about 0.45 MiB of resident pages (see
+/// `metrics::exponential_buckets`).
 struct SideRuntime {
     handle: tokio::runtime::Handle,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -415,7 +415,7 @@ async fn run_async(
         // Discovery, and its holds, go on until a successor serves.
         api.hand_over(&hub).await;
     };
-    let discovery = Discovery {
+    let runner = Runner {
         args: &args,
         side: &side,
         metrics: &metrics,
@@ -423,7 +423,7 @@ async fn run_async(
         clock,
         index,
     };
-    discovery.run(backends, stack, ready, stopped).await;
+    runner.run(backends, stack, ready, stopped).await;
     // Hooks this agent claimed finish before it exits (one cut short
     // would run again, by the other agent), and so do the starts it
     // holds: one a successor let go while standing by is this agent's to
@@ -445,8 +445,9 @@ async fn run_async(
     Ok(())
 }
 
-/// What discovery runs with, besides its backends.
-struct Discovery<'a> {
+/// What runs discovery's backends: the flags, the side runtime, the
+/// metrics, NRI's start barrier and the informer's index slot.
+struct Runner<'a> {
     args: &'a RunArgs,
     side: &'a tokio::runtime::Handle,
     metrics: &'a std::sync::Arc<crate::metrics::Metrics>,
@@ -485,7 +486,7 @@ fn sink_stack(
 /// less of their identity).
 const NRI_SYNC_WAIT: Duration = Duration::from_secs(5);
 
-impl Discovery<'_> {
+impl Runner<'_> {
     /// Runs discovery with `backends`, writing through the merger to
     /// `stack`, until `stopped`; `ready` once it runs.
     async fn run(
@@ -495,7 +496,7 @@ impl Discovery<'_> {
         ready: impl FnOnce(),
         stopped: impl std::future::Future<Output = ()>,
     ) {
-        let Discovery {
+        let Runner {
             args,
             side,
             metrics,

@@ -34,16 +34,16 @@ use super::args::Output;
 /// a socket does) holds that lock for as long as its destination blocks.
 /// `pwritev2(RWF_NOWAIT)` fails fast on a full pipe, not on that lock.
 ///
-/// N.B. the emitting thread used to wait for each line to be written: for
-/// an exit's `removed`, which no exec waits on, that was a sleep and a
-/// wake-up of the hook's task for nothing, and for a stalled consumer it
-/// held every other container's exec on that thread for the deadline.
+/// N.B. the emitting thread does not wait for its line to be written: for
+/// an exit's `removed`, which no exec waits on, that would be a sleep and
+/// a wake-up of the hook's task for nothing, and a stalled consumer would
+/// hold every other container's exec on that thread for the deadline.
 ///
 /// The queue holds events, not lines: the record is shared
 /// (`Arc<Container>`), and the writer encodes each line into one buffer it
 /// keeps, so lines waiting for a slow reader cost no copies of their
-/// containers (200 containers of 64 KiB annotations queued at once were
-/// 14 MB of lines), and encoding is off the emitting thread.
+/// containers (200 containers of 64 KiB annotations queued at once would
+/// be 14 MB of lines), and encoding is off the emitting thread.
 ///
 /// The queue is std's unbounded channel, bounded by [`STDOUT_QUEUE`] from
 /// the sink's counters: its blocks are allocated as lines wait and freed as
