@@ -658,7 +658,7 @@ fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
             let kind = e.kind;
             match wire::change_of(e) {
                 Some(change) => hub.mirror_change(change),
-                None => tracing::debug!(kind, "standby: skipping an unknown watch event"),
+                None => tracing::debug!(kind, "standby: skipping a watch event it cannot apply"),
             }
         }
     }

@@ -164,7 +164,8 @@ pub(crate) fn change_of(e: pb::WatchEvent) -> Option<Change> {
         exit_code: e.exit_code,
         reason: Some(e.reason).filter(|r| !r.is_empty()),
         monotonic_ns: e.monotonic_ns,
-        // Kept only by a hub with watchers, for their snapshots.
+        // The record it replaced is the sending hub's to keep, for its
+        // watchers' snapshots; the mirroring hub has no watchers.
         superseded: None,
     })
 }

@@ -8,6 +8,18 @@
 //! watcher's or a gate subscriber's queue that is full is that consumer's
 //! problem (it is dropped, or its hold resolved by its policy), never the
 //! runtime's.
+//!
+//! Here: the table, the window and `Hub::publish`. Beside it, each
+//! importing only what is listed:
+//!
+//! - `watch`: watchers, their snapshots and queues (imports `metrics`);
+//! - `gate`: gate subscriptions, the holds opened for them, their
+//!   policies, and the `SubscriptionStore` that carries them to a
+//!   successor;
+//! - `barrier`: a start held until its holds are decided (imports `gate`);
+//! - `standby`: standing by while another agent serves, mirroring it, and
+//!   the takeover;
+//! - `metrics`: the hub's Prometheus metrics.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
