@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use lookout_model::{Container, ContainerEvent, Kubernetes, RuntimeKind, Sink, Source};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::serve::Metrics;
+use crate::metrics::Metrics;
 
 /// Lookups waiting for a slot; more are dropped (and counted).
 const QUEUE: usize = 1024;

@@ -12,18 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::Stream;
 use lookout_api::v1 as pb;
 use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::watch_wire::{Api, Frames, WatchFrame};
-
 use crate::hub::{
-    Change, FailurePolicy, Filter, Hub, Live, Refused, Responder, Subscription, Verdict, WatchEnd,
-    WatchItem, WeakLive, lock,
+    Hub, Refused, Responder, Subscription, Verdict, WatchEnd, WatchItem, WeakLive, lock,
 };
+use crate::watch_wire::{FramedLookout, Frames, Out, WatchFrame, WatchFrames};
+use crate::wire;
 
 /// Who may use `Gate` besides root.
 #[derive(Debug, Clone, Default)]
@@ -45,121 +43,13 @@ pub struct Service {
     hub: Arc<Hub>,
     auth: Auth,
     default_deadline: Duration,
-    /// The changes encoded for the watchers lately (see `watch_wire`).
+    /// The changes encoded for the watchers lately.
     frames: Arc<Frames>,
 }
-
-/// Entries at most in each of a filter's lists and maps: a filter is
-/// matched against every event while the hub's table is locked, so its
-/// size is the consumer's to keep small.
-pub const MAX_FILTER_ENTRIES: usize = 64;
-
-/// Bytes at most in one string of a filter (a Kubernetes label value is
-/// at most 63, an annotation key 317).
-pub const MAX_FILTER_STRING: usize = 1024;
 
 /// Bytes at most in one request message (a Subscribe with the largest
 /// filter fits with room to spare).
 pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
-
-fn filter_of(f: Option<pb::Filter>) -> Result<Filter, Status> {
-    let f = f.unwrap_or_default();
-    for (what, n) in [
-        ("runtimes", f.runtimes.len()),
-        ("namespaces", f.namespaces.len()),
-        ("pod_labels", f.pod_labels.len()),
-        ("annotations", f.annotations.len()),
-    ] {
-        if n > MAX_FILTER_ENTRIES {
-            return Err(Status::invalid_argument(format!(
-                "filter.{what} has {n} entries; at most {MAX_FILTER_ENTRIES}"
-            )));
-        }
-    }
-    let long = f
-        .runtimes
-        .iter()
-        .chain(&f.namespaces)
-        .chain(f.pod_labels.iter().flat_map(|(k, v)| [k, v]))
-        .chain(f.annotations.iter().flat_map(|(k, v)| [k, v]))
-        .any(|s| s.len() > MAX_FILTER_STRING);
-    if long {
-        return Err(Status::invalid_argument(format!(
-            "a filter string is longer than {MAX_FILTER_STRING} bytes"
-        )));
-    }
-    let mut pod_labels: Vec<(String, String)> = f.pod_labels.into_iter().collect();
-    pod_labels.sort();
-    let mut annotations: Vec<(String, String)> = f.annotations.into_iter().collect();
-    annotations.sort();
-    Ok(Filter {
-        runtimes: f.runtimes,
-        namespaces: f.namespaces,
-        pod_labels,
-        annotations,
-    })
-}
-
-/// The wire form of a container.
-pub fn container_pb(l: &Live) -> pb::Container {
-    let c = &l.container;
-    let ns = &c.namespaces;
-    pb::Container {
-        id: c.id.clone(),
-        runtime: c.runtime.to_string(),
-        pid: c.pid.unwrap_or(0),
-        status: format!("{:?}", c.status).to_lowercase(),
-        bundle: c
-            .bundle
-            .as_ref()
-            .map(|b| b.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        cgroup: c.cgroup.clone().unwrap_or_default(),
-        sandbox: c.sandbox.clone().unwrap_or_default(),
-        pod_sandbox: c.pod_sandbox,
-        name: c.name.clone().unwrap_or_default(),
-        image: c.image.clone().unwrap_or_default(),
-        image_id: c.image_id.clone().unwrap_or_default(),
-        labels: c.labels.clone().into_iter().collect(),
-        annotations: c.annotations.clone().into_iter().collect(),
-        args: c.args.clone(),
-        kubernetes: c.kubernetes.as_ref().map(|k| pb::Kubernetes {
-            namespace: k.namespace.clone().unwrap_or_default(),
-            pod: k.pod.clone().unwrap_or_default(),
-            pod_uid: k.pod_uid.clone().unwrap_or_default(),
-            container: k.container.clone().unwrap_or_default(),
-            image: k.image.clone().unwrap_or_default(),
-            labels: k.labels.clone().into_iter().collect(),
-        }),
-        source: l.source.to_string(),
-        added_monotonic_ns: l.added_monotonic_ns,
-        added_unix_ms: l.added_unix_ms,
-        namespaces: Some(pb::Namespaces {
-            mnt: ns.mnt.unwrap_or(0),
-            pid: ns.pid.unwrap_or(0),
-            net: ns.net.unwrap_or(0),
-            // Not collected by the agent yet.
-            ..Default::default()
-        }),
-    }
-}
-
-fn change_pb(c: &Change) -> pb::WatchEvent {
-    pb::WatchEvent {
-        kind: match c.kind {
-            lookout_model::EventKind::Added => pb::watch_event::Kind::Added,
-            lookout_model::EventKind::Removed => pb::watch_event::Kind::Removed,
-            lookout_model::EventKind::Updated => pb::watch_event::Kind::Updated,
-        } as i32,
-        revision: c.revision,
-        container: Some(container_pb(&c.live)),
-        exit_code: c.exit_code,
-        reason: c.reason.clone().unwrap_or_default(),
-        monotonic_ns: c.monotonic_ns,
-    }
-}
-
-pub(crate) type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// A subscriber name fit for logs and metric labels.
 fn clean_name(name: &str) -> String {
@@ -171,10 +61,10 @@ fn clean_name(name: &str) -> String {
     if n.is_empty() { "unnamed".into() } else { n }
 }
 
-impl Service {
+impl WatchFrames for Service {
     /// `Watch`: a snapshot first when asked, then every change, each
     /// encoded once for all watchers ([`Frames`]).
-    pub(crate) async fn watch_frames(
+    async fn watch_frames(
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Out<WatchFrame>>, Status> {
@@ -186,7 +76,7 @@ impl Service {
         let r = req.into_inner();
         let mut w = self
             .hub
-            .watch_as(r.since, filter_of(r.filter)?, root)
+            .watch_as(r.since, wire::filter_of(r.filter)?, root)
             .map_err(refused)?;
         let frames = Arc::clone(&self.frames);
         let out = async_stream::stream! {
@@ -206,24 +96,14 @@ impl Service {
                             };
                             // Nothing strong is held across the yield (a
                             // stream that is not polled again keeps it).
-                            let container = Some(container_pb(&l));
+                            let event = wire::snapshot_pb(revision, &l);
                             drop(l);
-                            yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
-                                kind: pb::watch_event::Kind::Snapshot as i32,
-                                revision,
-                                container,
-                                ..Default::default()
-                            })));
+                            yield Ok(WatchFrame::Message(Box::new(event)));
                         }
-                        yield Ok(WatchFrame::Message(Box::new(pb::WatchEvent {
-                            kind: pb::watch_event::Kind::SnapshotEnd as i32,
-                            revision,
-                            monotonic_ns: lookout_model::monotonic_ns(),
-                            ..Default::default()
-                        })));
+                        yield Ok(WatchFrame::Message(Box::new(wire::snapshot_end_pb(revision))));
                     }
                     Ok(WatchItem::Change(c)) => {
-                        let frame = frames.get_or_encode(c.revision, || change_pb(&c));
+                        let frame = frames.change(&c);
                         drop(c);
                         yield Ok(WatchFrame::Encoded(frame));
                     }
@@ -233,8 +113,8 @@ impl Service {
                     }
                     Err(WatchEnd::Closed) => {
                         // After the last change: a standby agent that reads
-                        // this has them all (crate::handover::mirror).
-                        yield Err(Status::unavailable(crate::handover::CLOSING));
+                        // this has them all.
+                        yield Err(Status::unavailable(wire::CLOSING));
                         break;
                     }
                 }
@@ -254,10 +134,10 @@ impl Lookout for Service {
         if self.hub.is_closed() {
             return Err(refused(Refused::Closing));
         }
-        let (revision, live) = self.hub.list(&filter_of(req.into_inner().filter)?);
+        let (revision, live) = self.hub.list(&wire::filter_of(req.into_inner().filter)?);
         Ok(Response::new(pb::ListResponse {
             revision,
-            containers: live.iter().map(container_pb).collect(),
+            containers: live.iter().map(wire::container_pb).collect(),
         }))
     }
 
@@ -267,8 +147,8 @@ impl Lookout for Service {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        // The socket's `Watch` is `watch_wire::Api`'s, which sends the
-        // frames as they are; this is the generated server's path, the
+        // The socket serves `Watch` through `FramedLookout`, which sends
+        // the frames as they are; this is the generated server's path, the
         // same stream with each change decoded again.
         use futures::StreamExt;
         use prost::Message;
@@ -324,12 +204,8 @@ impl Lookout for Service {
             0 => self.default_deadline,
             ms => Duration::from_millis(u64::from(ms)),
         };
-        let filter = filter_of(s.filter)?;
-        let on_failure = match pb::FailurePolicy::try_from(s.on_failure) {
-            Ok(pb::FailurePolicy::FailClosed) => FailurePolicy::Closed,
-            Ok(pb::FailurePolicy::FailOpen) => FailurePolicy::Open,
-            Err(_) => return Err(Status::invalid_argument("unknown on_failure policy")),
-        };
+        let filter = wire::filter_of(s.filter)?;
+        let on_failure = wire::failure_policy_of(s.on_failure)?;
         let sub = self
             .hub
             .gate_as(
@@ -383,7 +259,7 @@ impl Lookout for Service {
                         yield Ok(pb::GateResponse {
                             msg: Some(pb::gate_response::Msg::Hold(pb::Hold {
                                 hold_id: h.hold_id,
-                                container: Some(container_pb(&h.live)),
+                                container: Some(wire::container_pb(&h.live)),
                                 held,
                                 monotonic_ns: h.monotonic_ns,
                             })),
@@ -592,18 +468,18 @@ async fn report_health(
     }
 }
 
-/// The consumer API's bounds on connections from peers other than root
+/// The consumer API's limits on connections from peers other than root
 /// and the agent's own user (`--api-max-connections`, and
 /// `--api-max-connections-per-uid` so that one uid cannot lock the others
-/// out): each holds an fd, and when fanotify cannot install an event's fd
-/// the kernel denies the runtime's exec.
-pub(crate) struct ConnectionGate {
+/// out): each connection holds an fd, and when fanotify cannot install an
+/// event's fd the kernel denies the runtime's exec.
+pub(crate) struct ConnectionLimit {
     permits: Arc<tokio::sync::Semaphore>,
     max: usize,
     per_uid: usize,
-    /// Connections held, by uid (`u32::MAX`: peers whose credentials could
-    /// not be read).
-    held: std::sync::Mutex<HashMap<u32, usize>>,
+    /// Slots taken, by uid (`u32::MAX`: peers whose credentials could not
+    /// be read).
+    taken: std::sync::Mutex<HashMap<u32, usize>>,
     /// The agent's own uid: its standby connects as it.
     me: u32,
     refused: std::sync::atomic::AtomicU64,
@@ -615,23 +491,23 @@ pub(crate) struct ConnectionGate {
 }
 
 /// How long a new connection may take to send its first bytes (the HTTP/2
-/// preface) before it is closed: an idle socket must not hold a permit.
+/// preface) before it is closed: an idle socket must not keep a slot.
 const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// At most one warning about refused connections this often.
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
-impl ConnectionGate {
+impl ConnectionLimit {
     pub(crate) fn new(
         max: usize,
         per_uid: usize,
         metrics: crate::hub::HubMetrics,
-    ) -> ConnectionGate {
-        ConnectionGate {
+    ) -> ConnectionLimit {
+        ConnectionLimit {
             permits: Arc::new(tokio::sync::Semaphore::new(max)),
             max,
             per_uid,
-            held: std::sync::Mutex::new(HashMap::new()),
+            taken: std::sync::Mutex::new(HashMap::new()),
             me: nix::unistd::geteuid().as_raw(),
             refused: std::sync::atomic::AtomicU64::new(0),
             logged: std::sync::Mutex::new(None),
@@ -640,14 +516,14 @@ impl ConnectionGate {
         }
     }
 
-    /// `stream` with its permit, or `None` (the connection is closed) when
-    /// its uid holds its share, or the others hold every permit. Never
+    /// `stream` with its slot, or `None` (the connection is closed) when
+    /// its uid has taken its share, or the others every slot. Never
     /// waits. A connection is registered with the runtime only once it is
     /// admitted: one refused costs no more than its accept.
     fn admit(self: &Arc<Self>, stream: tokio::net::UnixStream) -> Option<Admitted> {
         let cred = stream.peer_cred().ok();
         let uid = cred.map(|c| c.uid());
-        let hold = if uid.is_some_and(|u| u == 0 || u == self.me) {
+        let slot = if uid.is_some_and(|u| u == 0 || u == self.me) {
             None
         } else {
             Some(self.take(uid, cred.and_then(|c| c.pid()))?)
@@ -655,7 +531,7 @@ impl ConnectionGate {
         let stream = match lookout_api::unix::QuietStream::new(stream) {
             Ok(s) => s,
             Err(e) => {
-                // Its hold, if any, goes back as it drops. Logged at most
+                // Its slot, if any, goes back as it drops. Logged at most
                 // every 10 s: what fails here (ENOMEM, the epoll watch
                 // limit) fails for every connection until it clears.
                 self.metrics.api_refused("register");
@@ -672,27 +548,26 @@ impl ConnectionGate {
         };
         Some(Admitted {
             stream,
-            _hold: hold,
+            _slot: slot,
             _open: Open::new(&self.metrics.api_connections),
             preface: Some(Box::pin(tokio::time::sleep(PREFACE_DEADLINE))),
         })
     }
 
-    /// A share of the bounds for a peer of `uid` (`None`: unknown), or
-    /// `None` when it is refused (counted, and logged at most every
-    /// [`REFUSED_LOG_EVERY`]).
-    fn take(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<Hold> {
+    /// A slot for a peer of `uid` (`None`: unknown), or `None` when it is
+    /// refused (counted, and logged at most every [`REFUSED_LOG_EVERY`]).
+    fn take(self: &Arc<Self>, uid: Option<u32>, pid: Option<i32>) -> Option<Slot> {
         let key = uid.unwrap_or(u32::MAX);
-        let mut held = lock(&self.held);
-        let mine = held.get(&key).copied().unwrap_or(0);
+        let mut taken = lock(&self.taken);
+        let mine = taken.get(&key).copied().unwrap_or(0);
         let (why, reason) = if mine >= self.per_uid {
             ("this uid holds --api-max-connections-per-uid", "per-uid")
         } else {
             match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
-                    held.insert(key, mine + 1);
-                    return Some(Hold {
-                        gate: Arc::clone(self),
+                    taken.insert(key, mine + 1);
+                    return Some(Slot {
+                        limit: Arc::clone(self),
                         uid: key,
                         _permit: permit,
                     });
@@ -701,8 +576,8 @@ impl ConnectionGate {
             }
         };
         self.metrics.api_refused(reason);
-        let top = held.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
-        drop(held);
+        let top = taken.iter().max_by_key(|(_, n)| **n).map(|(u, n)| (*u, *n));
+        drop(taken);
         let n = self
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -751,30 +626,31 @@ impl Drop for Open {
     }
 }
 
-/// A connection's share of the bounds, given back when it closes.
-struct Hold {
-    gate: Arc<ConnectionGate>,
+/// A connection's slot under the [`ConnectionLimit`], given back when it
+/// closes.
+struct Slot {
+    limit: Arc<ConnectionLimit>,
     uid: u32,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl Drop for Hold {
+impl Drop for Slot {
     fn drop(&mut self) {
-        let mut held = lock(&self.gate.held);
-        if let Some(n) = held.get_mut(&self.uid) {
+        let mut taken = lock(&self.limit.taken);
+        if let Some(n) = taken.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.uid);
+                taken.remove(&self.uid);
             }
         }
     }
 }
 
-/// An accepted connection: its share of the bounds (none for root and the
-/// agent's own uid), and the deadline of its first bytes.
+/// An accepted connection: its slot (none for root and the agent's own
+/// uid), and the deadline of its first bytes.
 struct Admitted {
     stream: lookout_api::unix::QuietStream,
-    _hold: Option<Hold>,
+    _slot: Option<Slot>,
     _open: Open,
     preface: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -889,7 +765,7 @@ pub fn spawn(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let (serving, serving_rx) = tokio::sync::watch::channel(false);
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    crate::serve::on_own_thread("lookout-grpc", "the consumer API", move || async move {
+    crate::listen::on_own_thread("lookout-grpc", "the consumer API", move || async move {
         // Before the first connection is served: NOT_SERVING (the reporter
         // starts with "" SERVING), then whatever the agent says.
         set_health(&reporter, tonic_health::ServingStatus::NotServing).await;
@@ -903,15 +779,16 @@ pub fn spawn(
         };
         // Below h2: the `:authority` that Python and Java clients send on
         // a Unix socket, which h2 refuses, becomes `localhost`.
-        let gate = Arc::new(ConnectionGate::new(
+        let limit = Arc::new(ConnectionLimit::new(
             max_connections,
             max_per_uid,
             hub.metrics().clone(),
         ));
         let incoming = tokio_stream::StreamExt::filter_map(
-            crate::accept::accepted(listener, "consumer API"),
+            crate::listen::accepted(listener, "consumer API"),
             move |stream| {
-                gate.admit(stream)
+                limit
+                    .admit(stream)
                     .map(|c| Ok::<_, std::io::Error>(lookout_api::unix::AuthorityFix::new(c)))
             },
         );
@@ -924,7 +801,7 @@ pub fn spawn(
         tracing::info!(socket = %path.display(), "consumer API listening");
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(Api::new(svc, MAX_REQUEST_BYTES))
+            .add_service(FramedLookout::new(svc, MAX_REQUEST_BYTES))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -936,39 +813,4 @@ pub fn spawn(
     })
     .context("spawning the consumer API thread")?;
     Ok(Health(serving))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_filter_too_large_to_match_cheaply_is_refused() {
-        let many = |n: usize| (0..n).map(|i| format!("ns{i}")).collect::<Vec<_>>();
-        let ok = pb::Filter {
-            namespaces: many(MAX_FILTER_ENTRIES),
-            ..Default::default()
-        };
-        assert_eq!(
-            filter_of(Some(ok)).expect("at the limit").namespaces.len(),
-            MAX_FILTER_ENTRIES
-        );
-        let wide = pb::Filter {
-            namespaces: many(MAX_FILTER_ENTRIES + 1),
-            ..Default::default()
-        };
-        let e = filter_of(Some(wide)).expect_err("too many");
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(
-            e.message().contains("filter.namespaces has 65 entries"),
-            "{e}"
-        );
-        let long = pb::Filter {
-            pod_labels: [("app".to_string(), "x".repeat(MAX_FILTER_STRING + 1))].into(),
-            ..Default::default()
-        };
-        let e = filter_of(Some(long)).expect_err("too long");
-        assert!(e.message().contains("longer than"), "{e}");
-        assert!(filter_of(None).is_ok(), "no filter: everything");
-    }
 }

@@ -42,16 +42,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use lookout_api::v1 as pb;
-use lookout_model::{Container, EventKind, Kubernetes, Namespaces, RuntimeKind, Source, Status};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::hub::{Change, FailurePolicy, Filter, Hub, Live, Subscription};
-
-/// The message with which a shutting-down agent ends every `Watch`
-/// (`UNAVAILABLE`): a standby that reads it has every change its
-/// predecessor made.
-pub const CLOSING: &str = "the agent is shutting down";
+use crate::hub::{FailurePolicy, Filter, Hub, Live, Subscription, SubscriptionStore};
+use crate::wire;
 
 fn open_private(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
@@ -402,9 +397,12 @@ impl Book {
             gates: beside(socket, "gates"),
         }
     }
+}
 
-    /// Records the gate subscriptions in force, with their peers' uids.
-    pub fn write_gates(&self, subs: &[(Subscription, u32)]) {
+/// The hub saves its gate subscriptions in the gates file, with their
+/// peers' uids, and a successor's hub loads them from there.
+impl SubscriptionStore for Book {
+    fn save(&self, subs: &[(Subscription, u32)]) {
         let mut out = b"[".to_vec();
         let mut left_out = 0;
         for (s, uid) in subs {
@@ -449,9 +447,9 @@ impl Book {
         }
     }
 
-    /// The gate subscriptions the serving agent recorded (none if it
-    /// recorded none, or the file is unreadable: that is logged).
-    pub fn read_gates(&self) -> Vec<(Subscription, u32)> {
+    /// None if the serving agent recorded none, or the file is unreadable
+    /// (that is logged).
+    fn load(&self) -> Vec<(Subscription, u32)> {
         let Some(bytes) = read_limited(&self.gates, GATES_LIMIT) else {
             return Vec::new();
         };
@@ -543,7 +541,7 @@ pub fn trusted_dir(socket: &Path) -> anyhow::Result<()> {
 /// Follows the serving agent's `Watch` into `hub` (which is in standby)
 /// until `stop` resolves and then until the stream ends, or for `drain`
 /// after `stop` at most. Returns whether the predecessor ended the stream
-/// itself ([`CLOSING`]) after its last change: then nothing it published
+/// itself ([`wire::CLOSING`]) after its last change: then nothing it published
 /// is missing here.
 pub async fn mirror(
     socket: PathBuf,
@@ -598,7 +596,9 @@ pub async fn mirror(
                 }
                 Ok(None) => break,
                 Err(status) => {
-                    if status.code() == tonic::Code::Unavailable && status.message() == CLOSING {
+                    if status.code() == tonic::Code::Unavailable
+                        && status.message() == wire::CLOSING
+                    {
                         return true;
                     }
                     tracing::debug!(%status, "standby: the serving agent's watch ended");
@@ -637,14 +637,13 @@ const MAX_MIRRORED: usize = 1 << 18;
 /// One `WatchEvent` of the serving agent, applied to the standby hub.
 fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
     use pb::watch_event::Kind;
-    let kind = Kind::try_from(e.kind).ok();
-    match kind {
+    match Kind::try_from(e.kind).ok() {
         Some(Kind::Snapshot) => {
             // Bounded: more containers than a node runs is not a snapshot.
             if let Some(c) = e.container
                 && snapshot.len() < MAX_MIRRORED
             {
-                snapshot.push(live_of(c));
+                snapshot.push(wire::live_of(c));
             }
         }
         Some(Kind::SnapshotEnd) => {
@@ -655,85 +654,14 @@ fn apply(hub: &Hub, e: pb::WatchEvent, snapshot: &mut Vec<Live>) {
             );
             hub.mirror_snapshot(e.revision, std::mem::take(snapshot));
         }
-        Some(k @ (Kind::Added | Kind::Removed | Kind::Updated)) => {
-            let Some(c) = e.container else { return };
-            hub.mirror_change(Change {
-                revision: e.revision,
-                kind: match k {
-                    Kind::Added => EventKind::Added,
-                    Kind::Updated => EventKind::Updated,
-                    _ => EventKind::Removed,
-                },
-                live: live_of(c),
-                exit_code: e.exit_code,
-                reason: Some(e.reason).filter(|r| !r.is_empty()),
-                monotonic_ns: e.monotonic_ns,
-                // A standby has no watchers, whose snapshots it would keep.
-                superseded: None,
-            });
+        _ => {
+            let kind = e.kind;
+            match wire::change_of(e) {
+                Some(change) => hub.mirror_change(change),
+                None => tracing::debug!(kind, "standby: skipping a watch event it cannot apply"),
+            }
         }
-        _ => tracing::debug!(kind = e.kind, "standby: skipping an unknown watch event"),
     }
-}
-
-/// A container as the wire carries it, back in the agent's form.
-pub fn live_of(c: pb::Container) -> Live {
-    let mut m = Container::new(c.id, RuntimeKind::from_binary_name(&c.runtime));
-    m.pid = Some(c.pid).filter(|p| *p != 0);
-    m.status = match c.status.as_str() {
-        "created" => Status::Created,
-        "running" => Status::Running,
-        "stopped" => Status::Stopped,
-        _ => Status::Running,
-    };
-    m.bundle = Some(PathBuf::from(c.bundle)).filter(|b| !b.as_os_str().is_empty());
-    m.cgroup = Some(c.cgroup).filter(|s| !s.is_empty());
-    m.sandbox = Some(c.sandbox).filter(|s| !s.is_empty());
-    m.pod_sandbox = c.pod_sandbox;
-    m.annotations = c.annotations.into_iter().collect();
-    m.args = c.args;
-    m.name = Some(c.name).filter(|s| !s.is_empty());
-    m.image = Some(c.image).filter(|s| !s.is_empty());
-    m.image_id = Some(c.image_id).filter(|s| !s.is_empty());
-    m.labels = c.labels.into_iter().collect();
-    m.kubernetes = c.kubernetes.map(|k| {
-        let mut out = Kubernetes::default();
-        let some = |s: String| Some(s).filter(|s| !s.is_empty());
-        out.namespace = some(k.namespace);
-        out.pod = some(k.pod);
-        out.pod_uid = some(k.pod_uid);
-        out.container = some(k.container);
-        out.image = some(k.image);
-        out.labels = k.labels.into_iter().collect();
-        out
-    });
-    if let Some(ns) = c.namespaces {
-        let mut n = Namespaces::default();
-        n.mnt = Some(ns.mnt).filter(|x| *x != 0);
-        n.pid = Some(ns.pid).filter(|x| *x != 0);
-        n.net = Some(ns.net).filter(|x| *x != 0);
-        m.namespaces = n;
-    }
-    Live {
-        container: Arc::new(m),
-        source: source_of(&c.source),
-        added_monotonic_ns: c.added_monotonic_ns,
-        added_unix_ms: c.added_unix_ms,
-    }
-}
-
-fn source_of(s: &str) -> Source {
-    [
-        Source::RuntimeHook,
-        Source::StateScan,
-        Source::Informer,
-        Source::Nri,
-        Source::NriSync,
-        Source::Docker,
-    ]
-    .into_iter()
-    .find(|x| x.to_string() == s)
-    .unwrap_or(Source::StateScan)
 }
 
 #[cfg(test)]
@@ -793,6 +721,33 @@ mod tests {
         };
         let (_, q) = tokio::join!(slow, quick);
         assert_eq!(q, Once::Busy);
+    }
+
+    #[test]
+    fn the_book_gives_back_the_subscriptions_saved_in_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let book = Book::new(&dir.path().join("s.sock"));
+        assert!(book.load().is_empty(), "nothing saved yet");
+        let sub = Subscription {
+            name: "tracer".into(),
+            filter: Filter {
+                runtimes: vec!["runc".into()],
+                namespaces: vec!["default".into()],
+                pod_labels: vec![("app".into(), "web".into())],
+                annotations: vec![("a".into(), "b".into())],
+            },
+            deadline: Duration::from_millis(300),
+            on_failure: FailurePolicy::Closed,
+        };
+        book.save(&[(sub.clone(), 1000)]);
+        let loaded = book.load();
+        assert_eq!(loaded.len(), 1);
+        let (got, uid) = &loaded[0];
+        assert_eq!(*uid, 1000);
+        assert_eq!(
+            (&got.name, &got.filter, got.deadline, got.on_failure),
+            (&sub.name, &sub.filter, sub.deadline, sub.on_failure)
+        );
     }
 
     #[test]

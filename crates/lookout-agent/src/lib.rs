@@ -23,20 +23,22 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-mod accept;
 mod cli;
 mod docker;
 mod embed;
+mod endpoints;
 mod grpc;
 mod handover;
 mod hooks;
 mod hub;
 mod k8s_events;
+mod listen;
 mod merge;
+mod metrics;
 mod nri;
 mod run;
-mod serve;
 mod watch_wire;
+mod wire;
 
 pub use embed::{Builder, Discovery};
 pub use hub::{
@@ -157,7 +159,7 @@ struct ProbeArgs {
     /// text (a table) or json (one object).
     #[arg(short, long, value_enum, default_value_t = ProbeOutput::Text)]
     output: ProbeOutput,
-    /// The same as `--output json` (kept for scripts written before it).
+    /// The same as `--output json` (not shown in the help).
     #[arg(long, hide = true, conflicts_with = "output")]
     json: bool,
     /// Where the host's root file system is mounted.

@@ -32,7 +32,7 @@ struct Merger<S> {
     /// Whether a hook or scan backend runs beside the informer: then an
     /// informer-only container is worth a warning.
     fallback: bool,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A cloneable [`Sink`] over the merger; every clone feeds the same output.
@@ -51,7 +51,7 @@ impl<S> Clone for MergeSink<S> {
 impl<S: Sink> MergeSink<S> {
     /// Merges into `out`. `fallback`: the informer runs beside another
     /// backend.
-    pub fn new(out: S, metrics: Arc<crate::serve::Metrics>, fallback: bool) -> MergeSink<S> {
+    pub fn new(out: S, metrics: Arc<crate::metrics::Metrics>, fallback: bool) -> MergeSink<S> {
         MergeSink {
             inner: Arc::new(Mutex::new(Merger {
                 out,
@@ -157,7 +157,7 @@ mod tests {
                 v.push(format!("{:?} {} {}", e.event, e.container.id, e.source));
             }
         };
-        let metrics = Arc::new(crate::serve::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let mut hook = MergeSink::new(out, metrics, true);
         let mut informer = hook.clone();
         let c = |id: &str| Container::new(id, RuntimeKind::Runc);

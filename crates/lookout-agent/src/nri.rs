@@ -39,7 +39,7 @@ pub(crate) async fn report<S: Sink + Send>(
     mut events: Events,
     mut sink: S,
     barrier: Arc<dyn StartBarrier>,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     stats: Arc<lookout_nri::Stats>,
     synced: tokio::sync::oneshot::Sender<()>,
 ) {
@@ -47,7 +47,7 @@ pub(crate) async fn report<S: Sink + Send>(
     // The plugin's dropped events counted so far: each drop ends its
     // connection, and the Synchronize that follows reports what it carried.
     let mut dropped = 0;
-    let mut count_dropped = |metrics: &crate::serve::Metrics| {
+    let mut count_dropped = |metrics: &crate::metrics::Metrics| {
         let now = stats.dropped();
         metrics.nri_dropped(now.saturating_sub(dropped));
         dropped = dropped.max(now);
@@ -172,7 +172,7 @@ async fn hold(
     init: Option<(u32, std::io::Result<lookout_runtime_hook::ProcessHandle>)>,
     wait: lookout_model::StartWait,
     ack: &lookout_nri::Ack,
-    metrics: &crate::serve::Metrics,
+    metrics: &crate::metrics::Metrics,
 ) {
     let left = ack
         .deadline()

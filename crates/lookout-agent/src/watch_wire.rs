@@ -1,19 +1,24 @@
 //! `Watch` encoded once per change, not once per watcher.
 //!
-//! The generated server encodes each `WatchEvent` for each stream: with
-//! 100 watchers, a change's container was converted to its protobuf form
-//! (every string and map cloned) and encoded 100 times. [`Api`] serves
-//! `Watch` itself, with [`FrameCodec`]: a change goes out as the bytes
-//! [`Frames`] encoded for the first watcher that sent it, and every other
-//! method goes to the generated server. The bytes are what prost writes for
-//! the same message, so no client can tell.
+//! The generated server encodes each `WatchEvent` for each stream, so that
+//! with 100 watchers a change's container would be converted to its
+//! protobuf form (every string and map cloned) and encoded 100 times.
+//! [`FramedLookout`] serves `Watch` itself, with [`FrameCodec`]: a change
+//! goes out as the bytes [`Frames`] encoded for the first watcher that sent
+//! it, and every other method goes to the generated server. The bytes are
+//! what prost writes for the same message, so no client can tell.
+//!
+//! The service behind it is any [`Lookout`] that also streams `Watch` as
+//! frames ([`WatchFrames`]): the consumer API's, in `grpc`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use lookout_api::v1 as pb;
-use lookout_api::v1::lookout_server::LookoutServer;
+use lookout_api::v1::lookout_server::{Lookout, LookoutServer};
 use prost::Message;
 use prost::bytes::BufMut;
 use tonic::Status;
@@ -23,7 +28,21 @@ use tonic::codegen::{
 };
 use tonic::server::NamedService;
 
-use crate::grpc::Service;
+use crate::hub::Change;
+use crate::wire;
+
+/// A stream of replies, as tonic's server takes it.
+pub(crate) type Out<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+/// A service whose `Watch` streams [`WatchFrame`]s: changes encoded once
+/// for every watcher, anything else as a message.
+pub(crate) trait WatchFrames: Send + Sync + 'static {
+    /// `Watch`, as frames.
+    fn watch_frames(
+        &self,
+        req: tonic::Request<pb::WatchRequest>,
+    ) -> impl Future<Output = Result<tonic::Response<Out<WatchFrame>>, Status>> + Send;
+}
 
 /// One message of a `Watch` stream.
 pub(crate) enum WatchFrame {
@@ -66,6 +85,11 @@ impl Frames {
             recent.push_back((revision, bytes.clone()));
         }
         bytes
+    }
+
+    /// The encoding of `change`, as [`Frames::get_or_encode`] keeps it.
+    pub(crate) fn change(&self, change: &Change) -> Bytes {
+        self.get_or_encode(change.revision, || wire::change_pb(change))
     }
 
     fn find(&self, revision: u64) -> Option<Bytes> {
@@ -126,20 +150,19 @@ impl Decoder for FrameCodec {
     }
 }
 
-/// The consumer API: `Watch` served here, everything else by the
-/// generated server.
-#[derive(Clone)]
-pub(crate) struct Api {
-    generated: LookoutServer<Service>,
-    service: Arc<Service>,
+/// `lookout.v1.Lookout` with `Watch` served here, as frames, and every
+/// other method by the generated server over the same service.
+pub(crate) struct FramedLookout<S> {
+    generated: LookoutServer<S>,
+    service: Arc<S>,
     /// Requests larger than this are refused, as by the generated server.
     max_request_bytes: usize,
 }
 
-impl Api {
-    pub(crate) fn new(service: Service, max_request_bytes: usize) -> Api {
+impl<S: Lookout + WatchFrames> FramedLookout<S> {
+    pub(crate) fn new(service: S, max_request_bytes: usize) -> FramedLookout<S> {
         let service = Arc::new(service);
-        Api {
+        FramedLookout {
             generated: LookoutServer::from_arc(Arc::clone(&service))
                 .max_decoding_message_size(max_request_bytes),
             service,
@@ -148,16 +171,27 @@ impl Api {
     }
 }
 
-impl NamedService for Api {
-    const NAME: &'static str = <LookoutServer<Service> as NamedService>::NAME;
+// By hand: a derived `Clone` would ask for `S: Clone`.
+impl<S> Clone for FramedLookout<S> {
+    fn clone(&self) -> Self {
+        FramedLookout {
+            generated: self.generated.clone(),
+            service: Arc::clone(&self.service),
+            max_request_bytes: self.max_request_bytes,
+        }
+    }
+}
+
+impl<S: Lookout> NamedService for FramedLookout<S> {
+    const NAME: &'static str = <LookoutServer<S> as NamedService>::NAME;
 }
 
 /// `Watch`, for tonic's server-streaming call.
-struct WatchCall(Arc<Service>);
+struct WatchCall<S>(Arc<S>);
 
-impl tonic::server::ServerStreamingService<pb::WatchRequest> for WatchCall {
+impl<S: WatchFrames> tonic::server::ServerStreamingService<pb::WatchRequest> for WatchCall<S> {
     type Response = WatchFrame;
-    type ResponseStream = crate::grpc::Out<WatchFrame>;
+    type ResponseStream = Out<WatchFrame>;
     type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
 
     fn call(&mut self, request: tonic::Request<pb::WatchRequest>) -> Self::Future {
@@ -169,8 +203,9 @@ impl tonic::server::ServerStreamingService<pb::WatchRequest> for WatchCall {
 /// The path of `Watch` in the service.
 const WATCH: &str = "/lookout.v1.Lookout/Watch";
 
-impl<B> TowerService<http::Request<B>> for Api
+impl<S, B> TowerService<http::Request<B>> for FramedLookout<S>
 where
+    S: Lookout + WatchFrames,
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::serve::{exponential_buckets, register};
+use crate::metrics::{exponential_buckets, register};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GateLabels {
@@ -40,7 +40,8 @@ pub struct HubMetrics {
     decisions: Family<GateLabels, Counter>,
     hold_seconds: Family<SubscriberLabels, Histogram>,
     start_wait_seconds: Histogram,
-    /// Consumer API connections open (`crate::grpc`'s connection bounds).
+    /// Consumer API connections open (counted by the API's connection
+    /// limit).
     pub(crate) api_connections: Gauge,
     api_refused: Family<RefusedLabels, Counter>,
 }

@@ -16,6 +16,20 @@ fn hub(window: usize, buffer: usize) -> Arc<Hub> {
     )
 }
 
+/// A [`SubscriptionStore`] in memory.
+#[derive(Clone, Default)]
+struct Saved(Arc<Mutex<Vec<(Subscription, u32)>>>);
+
+impl SubscriptionStore for Saved {
+    fn save(&self, subs: &[(Subscription, u32)]) {
+        *lock(&self.0) = subs.to_vec();
+    }
+
+    fn load(&self) -> Vec<(Subscription, u32)> {
+        lock(&self.0).clone()
+    }
+}
+
 fn added(id: &str, status: Status) -> ContainerEvent {
     let mut c = Container::new(id, RuntimeKind::Runc);
     c.status = status;
@@ -250,9 +264,7 @@ async fn after_an_unclean_end_revisions_jump_and_a_resume_inside_the_gap_gets_a_
 
 #[tokio::test]
 async fn a_predecessors_gates_hold_starts_until_their_own_subscriber_is_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("s.sock");
-    let book = Book::new(&socket);
+    let store = Saved::default();
     let sub = |name: &str, on_failure| Subscription {
         name: name.into(),
         filter: Filter::default(),
@@ -260,12 +272,12 @@ async fn a_predecessors_gates_hold_starts_until_their_own_subscriber_is_back() {
         on_failure,
     };
     // What the old agent recorded: two fail-closed gates of uid 1000.
-    book.write_gates(&[
+    store.save(&[
         (sub("tracer", FailurePolicy::Closed), 1000),
         (sub("gone", FailurePolicy::Closed), 1000),
     ]);
     let h = hub(100, 100);
-    h.keep_book(book);
+    h.keep_subscriptions(store);
     h.stand_by();
     h.take_over(true);
     let barrier = GateBarrier(Arc::clone(&h));

@@ -116,7 +116,7 @@ impl Api {
                 handover::unmark_standby(&config.socket);
                 lock(&api.state).lease = Some(lease);
                 // No gates yet: a file left by an agent that is gone says so.
-                hub.write_book();
+                hub.save_subscriptions();
                 api.serve(hub);
             }
             Ok(None) if !may_stand_by => {

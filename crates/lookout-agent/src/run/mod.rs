@@ -61,7 +61,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
 pub(crate) enum Control {
     /// `lookout run`: SIGTERM or SIGINT stops it.
     Signals,
-    /// Embedded ([`crate::Discovery`]): `stop` turning true stops it; the
+    /// Embedded (the crate's `Discovery`): `stop` turning true stops it; the
     /// hub is sent on `ready` once discovery runs.
     Embedded {
         stop: tokio::sync::watch::Receiver<bool>,
@@ -172,10 +172,10 @@ pub(crate) fn run_with(
 /// The side runtime: a current-thread runtime that a thread of its own,
 /// `lookout-side`, drives until [`SideRuntime::stop`].
 ///
-/// N.B. Not tokio's multi-thread runtime with one worker: that does the
-/// same here, and its scheduler's statistics (`powf`) were one of the two
-/// reasons the agent loaded libm, which costs about 0.45 MiB of resident
-/// pages (see `serve::exponential_buckets`).
+/// N.B. Not tokio's multi-thread runtime with one worker: that would do
+/// the same here, and its scheduler's statistics call `powf`, which makes
+/// the agent load libm, about 0.45 MiB of resident pages (see
+/// `metrics::exponential_buckets`).
 struct SideRuntime {
     handle: tokio::runtime::Handle,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -221,13 +221,14 @@ async fn run_async(
     } else {
         Output::Json
     });
-    let metrics = std::sync::Arc::new(crate::serve::Metrics::new());
-    let shared = std::sync::Arc::new(crate::serve::Endpoints {
+    let (metrics, hub_metrics) = crate::metrics::Metrics::with(crate::hub::HubMetrics::register);
+    let metrics = std::sync::Arc::new(metrics);
+    let shared = std::sync::Arc::new(crate::endpoints::Endpoints {
         metrics: std::sync::Arc::clone(&metrics),
         ready: std::sync::RwLock::new(None),
         hook: std::sync::OnceLock::new(),
     });
-    crate::serve::spawn(args.listen, std::sync::Arc::clone(&shared));
+    crate::endpoints::spawn(args.listen, std::sync::Arc::clone(&shared));
     let (stdout, stdout_barrier) =
         StdoutSink::new(output, args.event_deadline, std::sync::Arc::clone(&metrics))?;
     let (node_name, kubeconfig) = (args.node_name.clone(), args.kubeconfig.clone());
@@ -303,12 +304,12 @@ async fn run_async(
     } else {
         None
     };
-    let hub = Hub::new(hub_config(&args), metrics.hub());
+    let hub = Hub::new(hub_config(&args), hub_metrics);
     let (stack, hooks_barrier) =
         sink_stack(stdout, &hub, hook_settings, events, &side, claims.clone());
     let hooks_in_flight = stack.inner().in_flight();
     if coordinated {
-        hub.keep_book(crate::handover::Book::new(&args.socket));
+        hub.keep_subscriptions(crate::handover::Book::new(&args.socket));
     }
     if let Some(c) = claims {
         // A container's claims stay while it lives: an agent that finds it
@@ -414,7 +415,7 @@ async fn run_async(
         // Discovery, and its holds, go on until a successor serves.
         api.hand_over(&hub).await;
     };
-    let discovery = Discovery {
+    let runner = Runner {
         args: &args,
         side: &side,
         metrics: &metrics,
@@ -422,7 +423,7 @@ async fn run_async(
         clock,
         index,
     };
-    discovery.run(backends, stack, ready, stopped).await;
+    runner.run(backends, stack, ready, stopped).await;
     // Hooks this agent claimed finish before it exits (one cut short
     // would run again, by the other agent), and so do the starts it
     // holds: one a successor let go while standing by is this agent's to
@@ -444,11 +445,12 @@ async fn run_async(
     Ok(())
 }
 
-/// What discovery runs with, besides its backends.
-struct Discovery<'a> {
+/// What runs discovery's backends: the flags, the side runtime, the
+/// metrics, NRI's start barrier and the informer's index slot.
+struct Runner<'a> {
     args: &'a RunArgs,
     side: &'a tokio::runtime::Handle,
-    metrics: &'a std::sync::Arc<crate::serve::Metrics>,
+    metrics: &'a std::sync::Arc<crate::metrics::Metrics>,
     /// What a container's start waits for in NRI.
     nri_barrier: std::sync::Arc<dyn StartBarrier>,
     /// Start-up so far, logged on `ready`.
@@ -484,7 +486,7 @@ fn sink_stack(
 /// less of their identity).
 const NRI_SYNC_WAIT: Duration = Duration::from_secs(5);
 
-impl Discovery<'_> {
+impl Runner<'_> {
     /// Runs discovery with `backends`, writing through the merger to
     /// `stack`, until `stopped`; `ready` once it runs.
     async fn run(
@@ -494,7 +496,7 @@ impl Discovery<'_> {
         ready: impl FnOnce(),
         stopped: impl std::future::Future<Output = ()>,
     ) {
-        let Discovery {
+        let Runner {
             args,
             side,
             metrics,
@@ -677,7 +679,7 @@ async fn run_hook_task(
 async fn k8s_events(
     args: &RunArgs,
     kube: &mut Kube,
-    metrics: &crate::serve::Metrics,
+    metrics: &crate::metrics::Metrics,
 ) -> Option<Events> {
     if !args.k8s_events {
         return None;
@@ -743,7 +745,7 @@ fn host_path(host_root: &std::path::Path, path: &std::path::Path) -> std::path::
         .unwrap_or_else(|_| host_root.join(path.strip_prefix("/").unwrap_or(path)))
 }
 
-fn set_ready(shared: &crate::serve::Endpoints, body: String) {
+fn set_ready(shared: &crate::endpoints::Endpoints, body: String) {
     if let Ok(mut r) = shared.ready.write() {
         *r = Some(body);
     }

@@ -14,7 +14,7 @@ use lookout_probe::{Mode, ProbeReport};
 use lookout_runtime_hook::RuntimeHook;
 
 use super::args::RunArgs;
-use crate::serve::Metrics;
+use crate::metrics::Metrics;
 
 /// The backend that discovers containers: what actually runs.
 pub(super) enum Primary {

@@ -34,16 +34,16 @@ use super::args::Output;
 /// a socket does) holds that lock for as long as its destination blocks.
 /// `pwritev2(RWF_NOWAIT)` fails fast on a full pipe, not on that lock.
 ///
-/// N.B. the emitting thread used to wait for each line to be written: for
-/// an exit's `removed`, which no exec waits on, that was a sleep and a
-/// wake-up of the hook's task for nothing, and for a stalled consumer it
-/// held every other container's exec on that thread for the deadline.
+/// N.B. the emitting thread does not wait for its line to be written: for
+/// an exit's `removed`, which no exec waits on, that would be a sleep and
+/// a wake-up of the hook's task for nothing, and a stalled consumer would
+/// hold every other container's exec on that thread for the deadline.
 ///
 /// The queue holds events, not lines: the record is shared
 /// (`Arc<Container>`), and the writer encodes each line into one buffer it
 /// keeps, so lines waiting for a slow reader cost no copies of their
-/// containers (200 containers of 64 KiB annotations queued at once were
-/// 14 MB of lines), and encoding is off the emitting thread.
+/// containers (200 containers of 64 KiB annotations queued at once would
+/// be 14 MB of lines), and encoding is off the emitting thread.
 ///
 /// The queue is std's unbounded channel, bounded by [`STDOUT_QUEUE`] from
 /// the sink's counters: its blocks are allocated as lines wait and freed as
@@ -51,7 +51,7 @@ use super::args::Output;
 /// writes every slot up front (256 KiB, resident for the agent's life).
 pub(crate) struct StdoutSink {
     output: Output,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     progress: Arc<Progress>,
     queue: std::sync::mpsc::Sender<ContainerEvent>,
     /// Events waiting for the writer at most ([`STDOUT_QUEUE`]).
@@ -176,7 +176,7 @@ impl StdoutSink {
     pub(crate) fn new(
         output: Output,
         deadline: Duration,
-        metrics: Arc<crate::serve::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
         Self::with_writer(output, deadline, metrics, std::io::stdout(), STDOUT_QUEUE)
     }
@@ -186,7 +186,7 @@ impl StdoutSink {
     fn with_writer(
         output: Output,
         deadline: Duration,
-        metrics: Arc<crate::serve::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
         mut out: impl Write + Send + 'static,
         bound: u64,
     ) -> anyhow::Result<(StdoutSink, StdoutBarrier)> {
@@ -288,7 +288,7 @@ impl Sink for StdoutSink {
 /// caller's, NRI's, if sooner); not at all while the writer is stuck.
 pub(crate) struct StdoutBarrier {
     progress: Arc<Progress>,
-    metrics: Arc<crate::serve::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl StdoutBarrier {
@@ -404,7 +404,7 @@ mod tests {
         let progress = Arc::new(Progress::new(deadline));
         let b = StdoutBarrier {
             progress: Arc::clone(&progress),
-            metrics: Arc::new(crate::serve::Metrics::new()),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         };
         (progress, b)
     }
@@ -451,7 +451,7 @@ mod tests {
             held: true,
             lines: Arc::clone(&lines),
         };
-        let metrics = Arc::new(crate::serve::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let (mut sink, _barrier) = StdoutSink::with_writer(Output::Json, DEADLINE, metrics, out, 3)
             .expect("writer thread");
         let container = Arc::new(lookout_model::Container::new(

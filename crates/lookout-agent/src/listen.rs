@@ -1,5 +1,7 @@
-//! Accept loops that back off when `accept` fails, for the consumer API
-//! (tonic) and the HTTP endpoint.
+//! How the agent's two servers, the consumer API (tonic) and the HTTP
+//! endpoints, listen: each on a thread and runtime of its own
+//! ([`on_own_thread`]), with an accept loop that backs off when `accept`
+//! fails ([`accepted`]).
 //!
 //! At the open-file limit (`EMFILE`) the connection stays queued and the
 //! socket stays readable, so each `accept` fails again at once: a loop that
@@ -68,6 +70,33 @@ where
             }
         }
     }
+}
+
+/// Runs the future `make` returns on a thread named `name` with a
+/// current-thread runtime of its own, so that whoever it talks to never
+/// shares a thread with discovery. `what` names it in the log if the
+/// runtime cannot start (it then does not run; discovery goes on).
+pub(crate) fn on_own_thread<F>(
+    name: &str,
+    what: &'static str,
+    make: impl FnOnce() -> F + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: std::future::Future<Output = ()>,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(make()),
+                Err(e) => {
+                    tracing::error!(%e, "cannot start a runtime for {what}; going on without it")
+                }
+            }
+        })
 }
 
 #[cfg(test)]

@@ -1,16 +1,11 @@
-//! `/healthz`, `/readyz` and `/metrics` (Prometheus text format through
-//! prometheus-client).
+//! The agent's Prometheus metrics (through prometheus-client), and the
+//! helpers every metric of the agent is made with: [`register`] and
+//! [`exponential_buckets`]. A leaf: the hub's metrics, the endpoints that
+//! serve them and every module that counts import it, never the reverse.
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use lookout_model::{ContainerEvent, EventKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,36 +28,6 @@ struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     mode: String,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buckets_are_prometheus_clients() {
-        for (start, count) in [(1e-6, 13), (1e-5, 11), (1e-4, 10)] {
-            let ours: Vec<f64> = exponential_buckets(start, 4.0, count).collect();
-            let theirs: Vec<f64> =
-                prometheus_client::metrics::histogram::exponential_buckets(start, 4.0, count)
-                    .collect();
-            assert_eq!(ours, theirs, "start {start}");
-        }
-    }
-
-    #[test]
-    fn health_fails_past_the_bound_only() {
-        let b = Duration::from_secs(10);
-        let s = Duration::from_secs;
-        assert!(verdict(None, None, None, b).is_ok());
-        assert!(verdict(Some(s(9)), Some(s(1)), Some(s(10)), b).is_ok());
-        let e = verdict(Some(s(11)), None, None, b).expect_err("stuck answer");
-        assert!(e.contains("waited"), "{e}");
-        let e = verdict(None, Some(s(11)), None, b).expect_err("stuck thread");
-        assert!(e.contains("busy"), "{e}");
-        let e = verdict(None, None, Some(s(11)), b).expect_err("stuck read");
-        assert!(e.contains("read no event"), "{e}");
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,7 +74,6 @@ pub struct Metrics {
     argv_waiting: Gauge,
     k8s_events_dropped: Counter,
     docker_lookups: Family<OutcomeLabels, Counter>,
-    hub: crate::hub::HubMetrics,
 }
 
 /// Registers `metric` in `registry` as `name`, described by `help`, and
@@ -126,7 +90,15 @@ pub(crate) fn register<M: Metric + Clone>(
 }
 
 impl Metrics {
+    /// The agent's metrics, in a registry of their own.
+    #[cfg(test)]
     pub fn new() -> Metrics {
+        Metrics::with(|_| ()).0
+    }
+
+    /// The agent's metrics, and those `more` registers after them in the
+    /// same registry (`lookout run` registers the hub's there).
+    pub fn with<T>(more: impl FnOnce(&mut Registry) -> T) -> (Metrics, T) {
         let mut registry = Registry::with_prefix("lookout");
         registry.register(
             "build",
@@ -137,7 +109,7 @@ impl Metrics {
             )]),
         );
         let r = &mut registry;
-        Metrics {
+        let mut metrics = Metrics {
             events: register(
                 r,
                 "events",
@@ -293,9 +265,10 @@ impl Metrics {
              dropped (the lookup queue was full)",
                 Family::<OutcomeLabels, Counter>::default(),
             ),
-            hub: crate::hub::HubMetrics::register(r),
             registry,
-        }
+        };
+        let more = more(&mut metrics.registry);
+        (metrics, more)
     }
 
     pub fn set_mode(&self, mode: &str) {
@@ -353,11 +326,6 @@ impl Metrics {
         self.stdout_dropped.inc();
     }
 
-    /// The consumer hub's metrics (watchers, gates).
-    pub fn hub(&self) -> crate::hub::HubMetrics {
-        self.hub.clone()
-    }
-
     /// The counter of Kubernetes Events dropped by the rate limit.
     /// Counts one Docker lookup's outcome.
     pub fn docker_lookup(&self, outcome: &str) {
@@ -372,7 +340,22 @@ impl Metrics {
         self.k8s_events_dropped.clone()
     }
 
-    fn encode(&self) -> String {
+    /// An HTTP connection was closed at accept (too many were open).
+    pub(crate) fn http_refused(&self) {
+        self.http_refused.inc();
+    }
+
+    /// The runtime hook's gauges, as its health reads now: the oldest
+    /// runtime exec waiting for its answer, and the BPF argv records
+    /// waiting for their exec.
+    pub(crate) fn hook_progress(&self, oldest_unanswered: Duration, argv_records_waiting: u64) {
+        self.oldest_unanswered.set(oldest_unanswered.as_secs_f64());
+        self.argv_waiting
+            .set(i64::try_from(argv_records_waiting).unwrap_or(i64::MAX));
+    }
+
+    /// The Prometheus text of every metric in the registry.
+    pub(crate) fn encode(&self) -> String {
         // The log writer counts its own drops; the counter catches up here.
         // (fetch_max: two scrapes at once add each drop once.)
         let dropped = crate::log_lines_dropped();
@@ -434,165 +417,13 @@ impl lookout_runtime_hook::Observer for Metrics {
     }
 }
 
-/// What the endpoints serve.
-pub struct Endpoints {
-    pub metrics: Arc<Metrics>,
-    /// `None` while starting; then the `/readyz` body.
-    pub ready: RwLock<Option<String>>,
-    /// The runtime hook's progress, once a hook mode runs, and the longest
-    /// an answer may legitimately take (see [`verdict`]).
-    pub hook: std::sync::OnceLock<(lookout_runtime_hook::Health, Duration)>,
-}
-
-/// Whether the runtime hook makes progress: the oldest permission event
-/// handed to its task has waited less than `bound`, the permission thread
-/// has not been busy with one batch for that long either, nor left a
-/// probe of its reads unread that long (a `read` stuck in the kernel; see
-/// [`lookout_runtime_hook::Health::reads_stalled`]).
-pub fn verdict(
-    oldest_unanswered: Option<Duration>,
-    permission_thread_busy: Option<Duration>,
-    reads_stalled: Option<Duration>,
-    bound: Duration,
-) -> Result<(), String> {
-    if let Some(age) = oldest_unanswered.filter(|a| *a > bound) {
-        return Err(format!(
-            "a runtime exec has waited {age:?} for its answer (bound {bound:?})"
-        ));
-    }
-    if let Some(busy) = permission_thread_busy.filter(|b| *b > bound) {
-        return Err(format!(
-            "the permission thread has been busy for {busy:?} (bound {bound:?})"
-        ));
-    }
-    if let Some(stalled) = reads_stalled.filter(|s| *s > bound) {
-        return Err(format!(
-            "the permission thread has read no event for {stalled:?}, a probe waiting \
-             (bound {bound:?}): its read is stuck in the kernel, likely opening a runtime \
-             binary on a stalled file system"
-        ));
-    }
-    Ok(())
-}
-
-async fn healthz(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
-    let check = s.hook.get().map_or(Ok(()), |(h, bound)| {
-        verdict(
-            h.oldest_unanswered(),
-            h.permission_thread_busy(),
-            h.reads_stalled(),
-            *bound,
-        )
-    });
-    match check {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(why) => {
-            tracing::error!("unhealthy: {why}");
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
-        }
-    }
-}
-
-async fn readyz(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
-    match s.ready.read().ok().and_then(|r| r.clone()) {
-        Some(body) => (StatusCode::OK, body),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned()),
-    }
-}
-
-async fn metrics(State(s): State<Arc<Endpoints>>) -> impl IntoResponse {
-    if let Some((h, _)) = s.hook.get() {
-        s.metrics
-            .oldest_unanswered
-            .set(h.oldest_unanswered().unwrap_or_default().as_secs_f64());
-        s.metrics
-            .argv_waiting
-            .set(i64::try_from(h.argv_records_waiting()).unwrap_or(i64::MAX));
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
-}
-
-/// At most this many HTTP connections at once; more are closed at accept.
-/// Each holds an fd, and fds must never run out: when fanotify cannot
-/// install an event's fd, the kernel denies the runtime's exec.
-pub const MAX_CONNECTIONS: usize = 64;
-/// A client must send a request's headers within this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// No connection lives longer than this, busy or not.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
-
-/// Binds `addr` and serves the endpoints on a thread and tokio runtime of
-/// their own, so that HTTP clients share nothing that can stall with the
-/// runtime hook. A bind failure is logged and the agent carries on without
-/// them: a busy port must not make a node agent crash-loop.
-///
-/// Bounded by design: at most [`MAX_CONNECTIONS`] connections (more are
-/// closed at once and counted), 5 s to send a request's headers (8 KiB at
-/// most), 60 s per connection.
-pub fn spawn(addr: SocketAddr, shared: Arc<Endpoints>) {
-    let listener = match std::net::TcpListener::bind(addr).and_then(|l| {
-        l.set_nonblocking(true)?;
-        Ok(l)
-    }) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, %e, "cannot serve /healthz, /readyz and /metrics; going on without them");
-            return;
-        }
-    };
-    let local = listener
-        .local_addr()
-        .map_or_else(|_| addr.to_string(), |a| a.to_string());
-    let spawned = on_own_thread("lookout-http", "the endpoints", move || {
-        serve(listener, shared)
-    });
-    match spawned {
-        Ok(_) => tracing::info!("serving /healthz, /readyz and /metrics on http://{local}"),
-        Err(e) => {
-            tracing::error!(%e, "cannot start the HTTP thread; going on without the endpoints")
-        }
-    }
-}
-
-/// Runs the future `make` returns on a thread named `name` with a
-/// current-thread runtime of its own, so that whoever it talks to never
-/// shares a thread with discovery. `what` names it in the log if the
-/// runtime cannot start (it then does not run; discovery goes on).
-pub(crate) fn on_own_thread<F>(
-    name: &str,
-    what: &'static str,
-    make: impl FnOnce() -> F + Send + 'static,
-) -> std::io::Result<std::thread::JoinHandle<()>>
-where
-    F: std::future::Future<Output = ()>,
-{
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt.block_on(make()),
-                Err(e) => {
-                    tracing::error!(%e, "cannot start a runtime for {what}; going on without it")
-                }
-            }
-        })
-}
-
 /// `count` histogram bucket bounds from `start`, each `factor` times the
 /// one before: prometheus-client's `exponential_buckets`, by
-/// multiplication. Its `powf` was, with tokio's multi-thread scheduler, all
-/// the agent took from libm, and loading libm costs about 0.45 MiB of
-/// resident pages (its IFUNC resolvers, run at load, are spread over its
-/// text). For a factor that is a power of two the bounds are the same.
+/// multiplication. Its `powf` would be, with tokio's multi-thread
+/// scheduler (which the agent does not use), all the agent takes from
+/// libm, and loading libm costs about 0.45 MiB of resident pages (its
+/// IFUNC resolvers, run at load, are spread over its text). For a factor
+/// that is a power of two the bounds are the same.
 pub(crate) fn exponential_buckets(
     start: f64,
     factor: f64,
@@ -601,37 +432,18 @@ pub(crate) fn exponential_buckets(
     std::iter::successors(Some(start), move |b| Some(b * factor)).take(usize::from(count))
 }
 
-async fn serve(listener: std::net::TcpListener, shared: Arc<Endpoints>) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%e, "cannot serve the endpoints");
-            return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_prometheus_clients() {
+        for (start, count) in [(1e-6, 13), (1e-5, 11), (1e-4, 10)] {
+            let ours: Vec<f64> = exponential_buckets(start, 4.0, count).collect();
+            let theirs: Vec<f64> =
+                prometheus_client::metrics::histogram::exponential_buckets(start, 4.0, count)
+                    .collect();
+            assert_eq!(ours, theirs, "start {start}");
         }
-    };
-    let metrics = Arc::clone(&shared.metrics);
-    let app = Router::new()
-        .route("/healthz", get(self::healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(self::metrics))
-        .with_state(shared);
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut incoming = std::pin::pin!(crate::accept::accepted(listener, "HTTP endpoint"));
-    while let Some(stream) = tokio_stream::StreamExt::next(&mut incoming).await {
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            metrics.http_refused.inc();
-            drop(stream);
-            continue;
-        };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(8192)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
-            drop(permit);
-        });
     }
 }
