@@ -3,9 +3,8 @@
 //!
 //! The commands are thin: they connect, then hand what they receive to pure
 //! rendering functions ([`render_get`], [`render_event`]) that the tests
-//! check line by line. `crates/lookout-client/tests/cli_compiles.rs` also
-//! builds this file against the client and runs it against a stand-in
-//! server.
+//! check line by line; `served.rs` runs the commands against the agent's
+//! own consumer API.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
@@ -588,6 +587,9 @@ fn event_json(event: &Event) -> Option<Value> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod served;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,215 @@
+//! `lookout get`, `lookout watch` and `lookout gate` against the agent's own consumer API: a
+//! hub with containers, served by [`crate::grpc::spawn`] on a private socket, as `lookout run`
+//! serves it. What a consumer of the CLI sees is tested end to end, with no fake server.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lookout_client::{Client, ConnectOptions, Filter};
+use lookout_model::{Container, ContainerEvent, Kubernetes, RuntimeKind, Sink, Source, Status};
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::grpc::{Auth, Health};
+use crate::hub::{Hub, HubConfig, HubMetrics, HubSink};
+
+/// An agent's consumer API with nothing behind it but its hub.
+struct Served {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    hub: Arc<Hub>,
+    _health: Health,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("lookout.sock");
+        let hub = Hub::new(
+            HubConfig::default(),
+            HubMetrics::register(&mut Registry::default()),
+        );
+        let listener = crate::grpc::bind(&socket, None).expect("bind the socket");
+        let health = crate::grpc::spawn(
+            listener,
+            socket.clone(),
+            Arc::clone(&hub),
+            Auth::default(),
+            Duration::from_secs(2),
+            (16, 16),
+        )
+        .expect("serve the API");
+        health.set(true);
+        Served {
+            _dir: dir,
+            socket,
+            hub,
+            _health: health,
+        }
+    }
+
+    fn emit(&self, event: ContainerEvent) {
+        HubSink::new(Arc::clone(&self.hub), |_: ContainerEvent| {}).emit(event);
+    }
+
+    fn add(&self, id: &str, runtime: RuntimeKind, namespace: &str, pod: &str) {
+        let mut container = Container::new(id, runtime);
+        container.status = Status::Created;
+        container.pid = Some(4242);
+        let mut kubernetes = Kubernetes::default();
+        kubernetes.namespace = Some(namespace.into());
+        kubernetes.pod = Some(pod.into());
+        kubernetes.container = Some("main".into());
+        container.kubernetes = Some(kubernetes);
+        self.emit(ContainerEvent::added(Source::RuntimeHook, container));
+    }
+
+    fn remove(&self, id: &str, exit: i32) {
+        let (_, live) = self.hub.list(&crate::hub::Filter::default());
+        let live = live
+            .into_iter()
+            .find(|l| l.container.id == id)
+            .expect("a live container");
+        self.emit(ContainerEvent::removed(
+            Source::RuntimeHook,
+            live.container,
+            Some(exit),
+        ));
+    }
+
+    fn revision(&self) -> u64 {
+        self.hub.list(&crate::hub::Filter::default()).0
+    }
+}
+
+/// At most ten seconds for `what`: a hung call fails the test instead of hanging it.
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} took more than 10 s"))
+}
+
+#[tokio::test]
+async fn get_lists_the_agents_containers() {
+    let agent = Served::start();
+    agent.add("a", RuntimeKind::Runc, "default", "web");
+    let get = |output| {
+        let socket = agent.socket.clone();
+        async move {
+            let mut out = Vec::new();
+            within("lookout get", write_get(&socket, output, &mut out))
+                .await
+                .expect("lookout get");
+            String::from_utf8(out).expect("UTF-8")
+        }
+    };
+    let table = get(GetOutput::Table).await;
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0][..3], ["ID", "RUNTIME", "NAMESPACE/POD"], "{table}");
+    assert_eq!(
+        lines[1][..5],
+        ["a", "runc", "default/web", "main", "4242"],
+        "{table}"
+    );
+    assert_eq!(lines.len(), 2, "{table}");
+    let wide = get(GetOutput::Wide).await;
+    assert!(
+        wide.starts_with("ID ") && wide.contains(" BUNDLE\n"),
+        "{wide}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&get(GetOutput::Json).await).expect("valid JSON");
+    assert_eq!(json["revision"], agent.revision());
+    assert_eq!(json["containers"][0]["id"], "a");
+}
+
+#[tokio::test]
+async fn get_watch_and_gate_say_when_the_agent_is_not_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("lookout.sock");
+    let gate_options = GateOptions {
+        name: "cli-test".into(),
+        deadline: Duration::from_secs(2),
+        fail_closed: false,
+        hold: Duration::ZERO,
+        deny: None,
+        output: WatchOutput::Json,
+    };
+    let (get, watch, gate) = within("lookout get, watch and gate to give up", async {
+        tokio::join!(
+            super::get(&socket, GetOutput::Table),
+            super::watch(&socket, WatchOutput::Text, 0),
+            super::gate(&socket, gate_options),
+        )
+    })
+    .await;
+    for error in [
+        get.expect_err("no agent"),
+        watch.expect_err("no agent"),
+        gate.expect_err("no agent"),
+    ] {
+        assert!(format!("{error:#}").contains("does not exist"), "{error:#}");
+    }
+}
+
+/// Takes `lines` lines, then fails as stdout does when `head` has exited.
+struct Head {
+    text: String,
+    lines: usize,
+}
+
+impl Write for Head {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.text.matches('\n').count() >= self.lines {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        self.text.push_str(&String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn watch_prints_events_until_stdout_closes() {
+    let agent = Served::start();
+    agent.add("a", RuntimeKind::Runc, "default", "web");
+    let snapshot = agent.revision();
+    let client = Client::connect_with(&agent.socket, ConnectOptions::new())
+        .await
+        .expect("connect");
+    let watcher = client.watch(Filter::all()).await.expect("watch");
+    agent.add("b", RuntimeKind::Crun, "payments", "api");
+    agent.remove("a", 137);
+    // The write of this one finds the pipe closed.
+    agent.add("c", RuntimeKind::Runc, "default", "web");
+
+    // `lookout watch | head -n 4`: the snapshot's line, its end, two changes.
+    let mut out = Head {
+        text: String::new(),
+        lines: 4,
+    };
+    within(
+        "lookout watch to stop",
+        print_events(watcher, WatchOutput::Text, &mut out),
+    )
+    .await
+    .expect("a closed pipe is not an error");
+    let (added, removed) = (snapshot + 1, snapshot + 2);
+    assert_eq!(
+        out.text,
+        format!(
+            "{snapshot} SNAPSHOT a runc default/web 4242\n\
+             {snapshot} SNAPSHOT_END 1\n\
+             {added} ADDED b crun payments/api 4242\n\
+             {removed} REMOVED a runc default/web 4242 exit=137\n"
+        )
+    );
+}
