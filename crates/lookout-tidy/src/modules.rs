@@ -189,7 +189,11 @@ impl Tree {
             // `#[cfg(a)] mod x;` beside `#[cfg(not(a))] mod x;`: one module.
             return existing;
         }
-        let path = [self.modules[parent].path.as_slice(), std::slice::from_ref(&name)].concat();
+        let path = [
+            self.modules[parent].path.as_slice(),
+            std::slice::from_ref(&name),
+        ]
+        .concat();
         self.modules.push(Module::new(path, Some(parent)));
         let index = self.modules.len() - 1;
         self.modules[parent].children.insert(name, index);
