@@ -1,7 +1,6 @@
 //! `cargo xtask`: lookout's build tasks. One module per subcommand.
 
 mod bench;
-mod bench_inode;
 mod build_ebpf;
 mod fuzz;
 mod image;

@@ -633,7 +633,7 @@ fn resident_pages(
 ) -> anyhow::Result<Vec<u64>> {
     let root = workspace_root();
     let bundle = work.join("bundle");
-    crate::bench::busybox_bundle(&bundle, &["true"])?;
+    lookout_bench::busybox_bundle(&bundle, &["true"])?;
     let _readahead = if readahead {
         None
     } else {
