@@ -165,78 +165,12 @@ pub(super) fn gates(
     for f in &gate_floors {
         drop_page_cache(&f.runc)?;
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    let mut back_to_back: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    for r in 0..WARMUP + rounds {
-        let ids: Vec<String> = labels
-            .iter()
-            .map(|n| format!("bench-gate{n}-{r}"))
-            .collect();
-        let mut order: Vec<usize> = (0..targets.len()).collect();
-        shuffle(&mut rng, &mut order);
-        for &k in &order {
-            if !targets[k].run(&["create", "--bundle", bs, &ids[k]]) {
-                bail!("{} create {} failed", labels[k], ids[k]);
-            }
-        }
-        for (a, id) in targets.iter().zip(&ids) {
-            a.wait_reported(id)?;
-        }
-        shuffle(&mut rng, &mut order);
-        for &k in &order {
-            let t = Instant::now();
-            let ok = targets[k].run(&["start", &ids[k]]);
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            if !ok {
-                bail!("{} start {} failed", labels[k], ids[k]);
-            }
-            if r >= WARMUP {
-                times[k].push(us);
-            }
-        }
-        for (a, id) in targets.iter().zip(&ids) {
-            a.run(&["delete", "--force", id]);
-        }
-        // Back to back: `start` right after `create` exits, as a script
-        // would; the subscribers have only the gap between the two execs
-        // to answer before the start waits.
-        shuffle(&mut rng, &mut order);
-        for &k in &order {
-            let id = format!("{}-b", ids[k]);
-            if !targets[k].run(&["create", "--bundle", bs, &id]) {
-                bail!("{} create {id} failed", labels[k]);
-            }
-            let t = Instant::now();
-            let ok = targets[k].run(&["start", &id]);
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            if !ok {
-                bail!("{} start {id} failed", labels[k]);
-            }
-            if r >= WARMUP {
-                back_to_back[k].push(us);
-            }
-            targets[k].run(&["delete", "--force", &id]);
-        }
-    }
+    let (times, back_to_back) = gate_rounds(&targets, &labels, bs, rounds)?;
     let pages: Vec<String> = agents.iter().map(Watched::metrics).collect();
     // The floor of any answer through the API on this machine: a `List`
     // round trip on an idle agent (threads parked, as when a hold begins),
     // and back to back (threads awake).
-    let (list_idle_us, list_busy_us) = rt.block_on(async {
-        let client = Client::connect(&agents[0].socket).await?;
-        let (mut idle, mut busy) = (Vec::new(), Vec::new());
-        for i in 0..2 * LIST_CALLS {
-            if i % 2 == 0 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            let t = Instant::now();
-            client.list(Filter::all()).await?;
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            if i % 2 == 0 { &mut idle } else { &mut busy }.push(us);
-        }
-        anyhow::Ok((idle, busy))
-    })?;
+    let (list_idle_us, list_busy_us) = list_round_trips(rt, &agents[0].socket)?;
     drop(targets);
     let floor_waits = gate_floors[1].start_waits();
     drop(gate_floors);
@@ -308,4 +242,94 @@ pub(super) fn gates(
         });
     }
     Ok(out)
+}
+
+/// `rounds` timed `runc start`s through each of `targets` (after
+/// [`WARMUP`] rounds not counted), each after its `create` was reported;
+/// then as many back to back (`start` right after `create`). Each target
+/// in a new random order every time. Microseconds, per target.
+#[allow(clippy::type_complexity)]
+fn gate_rounds(
+    targets: &[&dyn Gated],
+    labels: &[String],
+    bs: &str,
+    rounds: usize,
+) -> anyhow::Result<(Vec<Vec<f64>>, Vec<Vec<f64>>)> {
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut back_to_back: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for r in 0..WARMUP + rounds {
+        let ids: Vec<String> = labels
+            .iter()
+            .map(|n| format!("bench-gate{n}-{r}"))
+            .collect();
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            if !targets[k].run(&["create", "--bundle", bs, &ids[k]]) {
+                bail!("{} create {} failed", labels[k], ids[k]);
+            }
+        }
+        for (a, id) in targets.iter().zip(&ids) {
+            a.wait_reported(id)?;
+        }
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            let t = Instant::now();
+            let ok = targets[k].run(&["start", &ids[k]]);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if !ok {
+                bail!("{} start {} failed", labels[k], ids[k]);
+            }
+            if r >= WARMUP {
+                times[k].push(us);
+            }
+        }
+        for (a, id) in targets.iter().zip(&ids) {
+            a.run(&["delete", "--force", id]);
+        }
+        // Back to back: `start` right after `create` exits, as a script
+        // would; the subscribers have only the gap between the two execs
+        // to answer before the start waits.
+        shuffle(&mut rng, &mut order);
+        for &k in &order {
+            let id = format!("{}-b", ids[k]);
+            if !targets[k].run(&["create", "--bundle", bs, &id]) {
+                bail!("{} create {id} failed", labels[k]);
+            }
+            let t = Instant::now();
+            let ok = targets[k].run(&["start", &id]);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if !ok {
+                bail!("{} start {id} failed", labels[k]);
+            }
+            if r >= WARMUP {
+                back_to_back[k].push(us);
+            }
+            targets[k].run(&["delete", "--force", &id]);
+        }
+    }
+    Ok((times, back_to_back))
+}
+
+/// `List` round trips (us) on the agent serving `socket`: idle (threads
+/// parked, as when a hold begins), and back to back (threads awake).
+fn list_round_trips(
+    rt: &tokio::runtime::Runtime,
+    socket: &Path,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    rt.block_on(async {
+        let client = Client::connect(socket).await?;
+        let (mut idle, mut busy) = (Vec::new(), Vec::new());
+        for i in 0..2 * LIST_CALLS {
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let t = Instant::now();
+            client.list(Filter::all()).await?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if i % 2 == 0 { &mut idle } else { &mut busy }.push(us);
+        }
+        anyhow::Ok((idle, busy))
+    })
 }

@@ -4,7 +4,8 @@ use serde_json::Value;
 
 use super::SUBSCRIBERS;
 
-/// Prints the consumers' table and lines.
+/// Prints the consumers' table and lines: the gates', then the
+/// watchers'.
 pub(crate) fn print(v: &Value) {
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let gs = &v["gate_start_us"];
@@ -78,7 +79,12 @@ pub(crate) fn print(v: &Value) {
         g(&gs["list_round_trip_busy_us"], "p50"),
         g(&gs["list_round_trip_busy_us"], "p99"),
     );
-    let w = &v["watchers"];
+    print_watchers(&v["watchers"]);
+}
+
+/// The watchers' lines.
+fn print_watchers(w: &Value) {
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let (a, b) = (&w["with_watchers"], &w["without"]);
     println!(
         "\nwatchers: {} containers through each agent ({} and {} events), {} watchers read {} of {} changes ({} snapshots, {:.0} dropped)",
