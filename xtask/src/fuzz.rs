@@ -253,40 +253,7 @@ pub fn fuzz(opts: &Options) -> anyhow::Result<()> {
     }
     runs.sort_by(|a, b| a.target.cmp(&b.target));
 
-    println!(
-        "{:<18} {:>8} {:>12} {:>10} {:>6} {:>7}  result",
-        "target", "seconds", "runs", "exec/s", "cov", "corpus"
-    );
-    for r in &runs {
-        println!(
-            "{:<18} {:>8.1} {:>12} {:>10} {:>6} {:>7}  {}",
-            r.target,
-            r.seconds,
-            r.runs,
-            r.exec_per_sec,
-            r.coverage,
-            r.corpus,
-            r.crashed
-                .as_deref()
-                .map_or("ok".to_owned(), |a| format!("CRASH: {a}"))
-        );
-    }
-    let report = serde_json::json!({
-        "time_per_target_s": opts.time,
-        "targets": runs.iter().map(|r| serde_json::json!({
-            "target": r.target,
-            "seconds": r.seconds,
-            "runs": r.runs,
-            "exec_per_sec": r.exec_per_sec,
-            "coverage": r.coverage,
-            "corpus": r.corpus,
-            "crash": r.crashed,
-        })).collect::<Vec<_>>(),
-    });
-    let report_path = out.join("report.json");
-    std::fs::write(&report_path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", report_path.display()))?;
-    say(STEP, &format!("report: {}", report_path.display()));
+    write_report(opts.time, &runs, &out)?;
     let crashed: Vec<&Run> = runs.iter().filter(|r| r.crashed.is_some()).collect();
     if !crashed.is_empty() {
         bail!(
@@ -302,5 +269,44 @@ pub fn fuzz(opts: &Options) -> anyhow::Result<()> {
             cargo_fuzz.display()
         );
     }
+    Ok(())
+}
+
+/// Prints the runs' table and writes them to `out/report.json`.
+fn write_report(time: u64, runs: &[Run], out: &Path) -> anyhow::Result<()> {
+    println!(
+        "{:<18} {:>8} {:>12} {:>10} {:>6} {:>7}  result",
+        "target", "seconds", "runs", "exec/s", "cov", "corpus"
+    );
+    for r in runs {
+        println!(
+            "{:<18} {:>8.1} {:>12} {:>10} {:>6} {:>7}  {}",
+            r.target,
+            r.seconds,
+            r.runs,
+            r.exec_per_sec,
+            r.coverage,
+            r.corpus,
+            r.crashed
+                .as_deref()
+                .map_or("ok".to_owned(), |a| format!("CRASH: {a}"))
+        );
+    }
+    let report = serde_json::json!({
+        "time_per_target_s": time,
+        "targets": runs.iter().map(|r| serde_json::json!({
+            "target": r.target,
+            "seconds": r.seconds,
+            "runs": r.runs,
+            "exec_per_sec": r.exec_per_sec,
+            "coverage": r.coverage,
+            "corpus": r.corpus,
+            "crash": r.crashed,
+        })).collect::<Vec<_>>(),
+    });
+    let report_path = out.join("report.json");
+    std::fs::write(&report_path, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", report_path.display()))?;
+    say(STEP, &format!("report: {}", report_path.display()));
     Ok(())
 }

@@ -1,13 +1,12 @@
 //! `cargo xtask`: lookout's build tasks. One module per subcommand.
 
 mod bench;
-mod bench_inode;
 mod build_ebpf;
 mod fuzz;
 mod image;
+mod link_order;
 mod outside;
 mod public_api;
-mod repeat;
 mod run;
 mod symbol_order;
 mod test;

@@ -63,3 +63,39 @@ pub fn cargo() -> Command {
     cmd.current_dir(workspace_root());
     cmd
 }
+
+/// Whether Debian package `pkg` is installed.
+fn installed(pkg: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+/// Installs those of `packages` that are missing, with apt-get (as root).
+pub fn install(packages: &[&str]) -> anyhow::Result<()> {
+    if output(Command::new("apt-get").arg("--version")).is_none() {
+        say(
+            "test",
+            &format!("apt-get not found: install these packages yourself: {packages:?}"),
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        say("test", "all needed packages are installed");
+        return Ok(());
+    }
+    say("test", &format!("installing {}", missing.join(" ")));
+    exec(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+        "check the network access to Debian's mirrors",
+    )?;
+    exec(
+        "apt-get install",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "install the packages above by hand and rerun",
+    )
+}

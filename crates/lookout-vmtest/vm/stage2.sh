@@ -2,7 +2,7 @@
 # Stage 2 of a `cargo xtask vm-test` guest: the checks, run in order.
 # Everything the host asserts on is printed to the console between
 # "@@lk begin NAME" and "@@lk end NAME rc=N" lines; the host
-# (xtask/src/vm.rs) parses them. Every wait has a deadline.
+# (crates/lookout-vmtest/src/check.rs) parses them. Every wait has a deadline.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 /bin/busybox --install -s /usr/bin 2>/dev/null
 

@@ -255,7 +255,7 @@ fn read_summary(path: &Path) -> anyhow::Result<BTreeMap<String, Tally>> {
 /// command (packages, BPF, image, every test binary once), with a tally.
 /// Machine-wide caches stay: Debian's packages, cargo's registry,
 /// bpf-linker and the fetched Debian 13 packages (`~/.cache/lookout`).
-pub fn fresh(rounds: u32, opts: &crate::test::Options) -> anyhow::Result<()> {
+pub fn fresh(rounds: u32, opts: &super::Options) -> anyhow::Result<()> {
     let root = workspace_root();
     let git = |args: &[&str]| output(Command::new("git").current_dir(&root).args(args));
     let head = git(&["rev-parse", "HEAD"])

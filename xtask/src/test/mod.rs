@@ -1,8 +1,10 @@
 //! `cargo xtask test`: everything the full suite needs, then the suite.
 
+mod repeat;
+
 use std::process::Command;
 
-use crate::util::{cargo, exec, is_root, output, say};
+use crate::util::{cargo, exec, is_root, say};
 
 /// Debian packages the tests use (real runtimes, a static busybox for root
 /// file systems, iproute2/util-linux for namespaces).
@@ -74,11 +76,11 @@ pub struct Options {
 pub fn test(opts: &Options) -> anyhow::Result<()> {
     if let Some(rounds) = opts.repeat.filter(|_| opts.fresh) {
         // Each round installs, builds and tests in its own clone.
-        return crate::repeat::fresh(rounds, opts);
+        return repeat::fresh(rounds, opts);
     }
     let root = is_root();
     if root && !opts.no_install {
-        install(PACKAGES)?;
+        crate::util::install(PACKAGES)?;
     } else if !root {
         say(
             "test",
@@ -98,7 +100,7 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
     }
     python_clients()?;
     if let Some(rounds) = opts.repeat {
-        return crate::repeat::repeat(
+        return repeat::repeat(
             rounds,
             opts.filter.as_deref(),
             &opts.packages,
@@ -118,41 +120,6 @@ pub fn test(opts: &Options) -> anyhow::Result<()> {
         cmd.arg(f);
     }
     exec("test", &mut cmd, "see the failing test above")
-}
-
-fn installed(pkg: &str) -> bool {
-    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
-        .is_some_and(|s| s.contains("install ok installed"))
-}
-
-/// Installs those of `packages` that are missing, with apt-get (as root).
-pub fn install(packages: &[&str]) -> anyhow::Result<()> {
-    if output(Command::new("apt-get").arg("--version")).is_none() {
-        say(
-            "test",
-            &format!("apt-get not found: install these packages yourself: {packages:?}"),
-        );
-        return Ok(());
-    }
-    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
-    if missing.is_empty() {
-        say("test", "all needed packages are installed");
-        return Ok(());
-    }
-    say("test", &format!("installing {}", missing.join(" ")));
-    exec(
-        "apt-get update",
-        Command::new("apt-get").args(["update", "-q"]),
-        "check the network access to Debian's mirrors",
-    )?;
-    exec(
-        "apt-get install",
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        "install the packages above by hand and rerun",
-    )
 }
 
 /// The Python gRPC clients the consumer tests use, from PyPI, pinned.

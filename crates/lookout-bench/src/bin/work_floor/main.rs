@@ -28,7 +28,7 @@
 //!
 //! ```sh
 //! cargo xtask build-ebpf
-//! sudo cargo run --release -p lookout-runtime-hook --example work_floor -- \
+//! sudo cargo run --release -p lookout-bench --bin work_floor -- \
 //!     target/bpf/lookout-ebpf.o [--gate=/run/floor.sock] /usr/sbin/runc
 //! ```
 

@@ -1,4 +1,4 @@
-//! The inode-map part of `cargo xtask bench`: the map's own numbers
+//! The inode-map part of the benchmark: the map's own numbers
 //! (`examples/bench_map`), and listing a 50k-entry directory through the
 //! `stablefs` FUSE mount against the raw directory, interleaved.
 
@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::util::{cargo, exec, say, workspace_root};
+use crate::Paths;
+use crate::util::say;
 
 fn list(dir: &Path) -> anyhow::Result<(usize, f64)> {
     let t = Instant::now();
@@ -28,29 +29,12 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs both measurements; `work` is a scratch directory.
-pub fn bench_inode_map(work: &Path, entries: u64) -> anyhow::Result<Value> {
-    exec(
-        "build",
-        cargo().args([
-            "build",
-            "-j2",
-            "--release",
-            "-p",
-            "lookout-inode-map",
-            "--example",
-            "bench_map",
-            "--example",
-            "stablefs",
-        ]),
-        "see the compiler error above",
-    )?;
-    let root = workspace_root();
-    let bench = root.join("target/release/examples/bench_map");
-    let stablefs = root.join("target/release/examples/stablefs");
+/// Runs both measurements, in the scratch directory `paths.work`.
+pub(crate) fn bench_inode_map(paths: &Paths, entries: u64) -> anyhow::Result<Value> {
+    let (bench, stablefs, work) = (&paths.bench_map, &paths.stablefs, &paths.work);
 
     say("bench", &format!("inode map: {entries} entries per mode"));
-    let out = Command::new(&bench)
+    let out = Command::new(bench)
         .arg(entries.to_string())
         .output()
         .context("running bench_map")?;
@@ -78,7 +62,7 @@ pub fn bench_inode_map(work: &Path, entries: u64) -> anyhow::Result<Value> {
         .arg(&mnt)
         .stderr(Stdio::null())
         .status();
-    let mut child = Command::new(&stablefs)
+    let mut child = Command::new(stablefs)
         .args(["--mode", "passthrough"])
         .arg(&dir)
         .arg(&mnt)

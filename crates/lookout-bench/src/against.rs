@@ -1,50 +1,43 @@
 //! `cargo xtask bench --against REV`: this tree's agent and revision REV's,
-//! measured side by side in one run (see [`super::agent_runs`]), each
-//! figure printed for both with their ratio. On these noisy machines a
-//! change shows it did not regress only this way: two runs an hour apart
-//! differ by more than most changes.
+//! measured side by side in one run (see [`agent_runs`]), each figure
+//! printed for both with their ratio. On these noisy machines a change
+//! shows it did not regress only this way: two runs an hour apart differ
+//! by more than most changes.
 //!
-//! REV is checked out once in a git worktree, `target/bench/against/<sha>`,
-//! and built there (its own `cargo xtask build-ebpf`, then its agent as
-//! this tree's image builds an agent: v0 symbols, this tree's symbol-order
-//! list, packed relocations) with target directories shared by every such
-//! revision, `target/bench/against/target` and `.../image-target`. Both
-//! agents are built the same way, so a figure compares code, not builds.
-//! The agent is kept as `target/bench/against/lookout-<sha>-image`, so a
-//! second run does not build it again.
+//! The xtask builds REV's agent (its own BPF object, linked as this tree's
+//! image links an agent, so that a figure compares code, not builds); the
+//! floors are always this tree's.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::{
-    Needs, Options, Paths, agent_runs, build, discovery_interleaved, entries, fresh_dir,
-    print_agent, print_discovery_rows,
-};
-use crate::util::{cargo, exec, output, say, workspace_root};
+use crate::discovery::discovery_interleaved;
+use crate::parts::{agent_runs, entries, fresh_dir};
+use crate::print::{print_agent, print_discovery_rows};
+use crate::util::say;
+use crate::{Options, Paths};
 
-/// Measures this tree's agent and `rev`'s side by side; writes both
-/// reports and the comparison to report.json and prints them.
-pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result<()> {
-    let discovery_only = match opts.only.as_deref() {
-        None | Some("agent") => false,
-        Some("discovery") => true,
-        Some(only) => bail!(
-            "--against compares the `agent` part (consumers included) or the discovery rows \
-             alone (--only discovery); not --only {only}"
-        ),
-    };
-    let sha = resolve(rev)?;
-    let here = describe_head();
-    build(Needs::AgentAndFloor)?;
-    let theirs = build_revision(&sha)?;
+/// Measures this tree's agent (`paths.lookout`, described as `here`) and
+/// `theirs`, revision `rev` (commit `sha`), side by side; writes both
+/// reports and the comparison to report.json and prints them. Runs the
+/// `agent` part, or with `--only discovery` its discovery rows alone.
+pub fn run_against(
+    opts: &Options,
+    paths: &Paths,
+    theirs: &Path,
+    here: &str,
+    rev: &str,
+    sha: &str,
+) -> anyhow::Result<()> {
+    crate::prepare(opts)?;
+    let discovery_only = discovery_only(opts)?;
     say(
         "bench",
         &format!("this tree ({here}) against {rev} ({sha:.12}), interleaved"),
     );
-    let agents = [paths.lookout.as_path(), theirs.as_path()];
+    let agents = [paths.lookout.as_path(), theirs];
     let mut reports = if discovery_only {
         // The discovery rows alone, in a minute or two: their blocks as
         // the full run interleaves them.
@@ -97,89 +90,17 @@ pub fn bench_against(opts: &Options, paths: &Paths, rev: &str) -> anyhow::Result
     Ok(())
 }
 
-/// `rev`'s full commit id.
-fn resolve(rev: &str) -> anyhow::Result<String> {
-    let out = output(
-        Command::new("git")
-            .current_dir(workspace_root())
-            .args(["rev-parse", "--verify", "--quiet"])
-            .arg(format!("{rev}^{{commit}}")),
-    );
-    match out.map(|s| s.trim().to_owned()) {
-        Some(sha) if sha.len() == 40 => Ok(sha),
-        _ => bail!("--against {rev}: not a commit in this repository (git rev-parse)"),
+/// Whether `--against` measures the discovery rows alone (`--only
+/// discovery`) rather than the `agent` part; an error for another part.
+pub(crate) fn discovery_only(opts: &Options) -> anyhow::Result<bool> {
+    match opts.only.as_deref() {
+        None | Some("agent") => Ok(false),
+        Some("discovery") => Ok(true),
+        Some(only) => bail!(
+            "--against compares the `agent` part (consumers included) or the discovery rows \
+             alone (--only discovery); not --only {only}"
+        ),
     }
-}
-
-/// HEAD's short id, with `+changes` when the tree differs from it.
-fn describe_head() -> String {
-    let git = |args: &[&str]| {
-        output(Command::new("git").current_dir(workspace_root()).args(args)).unwrap_or_default()
-    };
-    let head = git(&["rev-parse", "--short=10", "HEAD"]);
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])
-        .trim()
-        .is_empty();
-    format!("{}{}", head.trim(), if dirty { "+changes" } else { "" })
-}
-
-/// Builds revision `sha`'s agent as the image builds one (once) and
-/// returns its path.
-fn build_revision(sha: &str) -> anyhow::Result<PathBuf> {
-    let base = workspace_root().join("target/bench/against");
-    let kept = base.join(format!("lookout-{sha}-image"));
-    if kept.is_file() {
-        say("bench", &format!("using {} (built before)", kept.display()));
-        return Ok(kept);
-    }
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let tree = base.join(sha);
-    if !tree.join("Cargo.toml").is_file() {
-        // A half-made worktree from an interrupted run: start over.
-        let _ = std::fs::remove_dir_all(&tree);
-        let _ = Command::new("git")
-            .current_dir(workspace_root())
-            .args(["worktree", "prune"])
-            .status();
-        exec(
-            "bench",
-            Command::new("git")
-                .current_dir(workspace_root())
-                .args(["worktree", "add", "--detach"])
-                .arg(&tree)
-                .arg(sha),
-            "see git's message above",
-        )?;
-    }
-    let target = base.join("target");
-    let in_tree = |args: &[&str]| {
-        let mut cmd = cargo();
-        cmd.current_dir(&tree)
-            .args(args)
-            .env("CARGO_TARGET_DIR", &target)
-            // The revision's own toolchain file decides, not ours.
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("LOOKOUT_EBPF_OBJECT");
-        cmd
-    };
-    // Its own BPF object: the programs are part of what is compared.
-    exec(
-        "bench",
-        &mut in_tree(&["xtask", "build-ebpf"]),
-        "the revision's BPF object did not build; see above",
-    )?;
-    let object = tree.join("target/bpf/lookout-ebpf.o");
-    if !object.is_file() {
-        bail!(
-            "{sha:.12}'s build-ebpf left no {}: its agent would embed no BPF programs",
-            object.display()
-        );
-    }
-    let built = crate::image::build_agent(&tree, &base.join("image-target"))
-        .context("the revision's agent did not build; see above")?;
-    lookout_testsupport::install_executable(&built, &kept)
-        .with_context(|| format!("copying {} to {}", built.display(), kept.display()))?;
-    Ok(kept)
 }
 
 /// One figure of the comparison: what it is, its goal (at most), and how
@@ -594,8 +515,6 @@ fn print_comparison(rows: &Value, against: &str) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
 
     #[test]
@@ -712,24 +631,5 @@ mod tests {
         let older = row(&gate(json!({})));
         assert_eq!(older["floor"], json!(120.0));
         assert_eq!(older["goal_below_floor"], json!(false));
-    }
-
-    #[test]
-    fn an_unknown_revision_is_refused_by_name() {
-        let err = resolve("no-such-rev-29").expect_err("not a commit");
-        assert!(
-            err.to_string().contains("--against no-such-rev-29"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn the_paths_are_under_target_bench_against() {
-        // The worktree and its target directory must stay out of the
-        // scratch directory the benchmark empties.
-        let paths = Paths::new();
-        let base = workspace_root().join("target/bench/against");
-        assert!(!base.starts_with(&paths.work));
-        assert!(Path::new(&base).starts_with(&paths.out_dir));
     }
 }
