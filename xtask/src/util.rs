@@ -3,52 +3,17 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{Context, bail};
-
 /// The workspace root (the parent of xtask/).
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
-/// Prints a progress line for `step`.
-pub fn say(step: &str, msg: &str) {
-    eprintln!("[xtask {step}] {msg}");
-}
+pub use lookout_testsupport::cmd::{output, say};
 
-/// Runs `cmd`, failing with a message that names `step` and suggests `fix`.
+/// Runs `cmd` ([`lookout_testsupport::cmd::exec`]), for the subcommands' `anyhow` results.
 pub fn exec(step: &str, cmd: &mut Command, fix: &str) -> anyhow::Result<()> {
-    say(step, &format!("$ {}", display(cmd)));
-    let status = cmd.status().with_context(|| {
-        format!(
-            "step '{step}': could not start {:?} ({fix})",
-            cmd.get_program()
-        )
-    })?;
-    if !status.success() {
-        bail!(
-            "step '{step}' failed ({status}): {}\n  fix: {fix}",
-            display(cmd)
-        );
-    }
-    Ok(())
-}
-
-/// Runs `cmd` and returns its stdout, or `None` if it could not run or failed.
-pub fn output(cmd: &mut Command) -> Option<String> {
-    let out = cmd.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn display(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
+    Ok(lookout_testsupport::cmd::exec(step, cmd, fix)?)
 }
 
 /// Whether we run as root.

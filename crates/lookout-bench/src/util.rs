@@ -3,31 +3,13 @@
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
-/// Prints a progress line for `step`, as the xtask prints its own.
-pub(crate) fn say(step: &str, msg: &str) {
-    eprintln!("[xtask {step}] {msg}");
-}
+pub(crate) use lookout_testsupport::cmd::say;
 
-/// Runs `cmd`, failing with a message that names `step` and suggests `fix`.
+/// Runs `cmd` ([`lookout_testsupport::cmd::exec`]), for the bench's `anyhow` results.
 pub(crate) fn exec(step: &str, cmd: &mut Command, fix: &str) -> anyhow::Result<()> {
-    let shown = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ");
-    say(step, &format!("$ {shown}"));
-    let status = cmd.status().with_context(|| {
-        format!(
-            "step '{step}': could not start {:?} ({fix})",
-            cmd.get_program()
-        )
-    })?;
-    if !status.success() {
-        bail!("step '{step}' failed ({status}): {shown}\n  fix: {fix}");
-    }
-    Ok(())
+    Ok(lookout_testsupport::cmd::exec(step, cmd, fix)?)
 }
 
 /// `path` as UTF-8, for a runtime's arguments.

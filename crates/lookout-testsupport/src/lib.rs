@@ -14,11 +14,14 @@
 //!   this multi-threaded process ever holding it open for writing (the
 //!   `ETXTBSY` race).
 //! - [`wait_until`]: wait for a condition, with a deadline.
+//! - [`cmd`]: the tooling's commands, each printed, each failure naming its
+//!   step and its fix.
 //! - [`cri::CriNode`]: a real CRI node (containerd 1.7 with NRI, on private
 //!   sockets) and a kubelet-like CRI client.
 #![deny(missing_docs)]
 
 pub mod apiserver;
+pub mod cmd;
 pub mod cri;
 pub mod perf;
 

@@ -52,17 +52,13 @@ struct WorkspaceTable {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "kebab-case")]
 struct Manifest {
     package: Package,
+    #[serde(flatten)]
+    dependencies: Tables,
+    /// `[target.'cfg(…)'.dependencies]` and the like.
     #[serde(default)]
-    dependencies: BTreeMap<String, toml::Value>,
-    #[serde(default)]
-    build_dependencies: BTreeMap<String, toml::Value>,
-    #[serde(default)]
-    dev_dependencies: BTreeMap<String, toml::Value>,
-    #[serde(default)]
-    target: BTreeMap<String, PlatformTable>,
+    target: BTreeMap<String, Tables>,
     lib: Option<TargetTable>,
     #[serde(default)]
     bin: Vec<TargetTable>,
@@ -80,9 +76,10 @@ struct Package {
     publish: Option<toml::Value>,
 }
 
+/// The three dependency tables, at the top of a manifest or under a platform.
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case")]
-struct PlatformTable {
+struct Tables {
     #[serde(default)]
     dependencies: BTreeMap<String, toml::Value>,
     #[serde(default)]
@@ -144,13 +141,10 @@ impl Crate {
                 *entry = (*entry).min(kind);
             }
         };
-        add(&manifest.dependencies, Kind::Code);
-        add(&manifest.build_dependencies, Kind::Code);
-        add(&manifest.dev_dependencies, Kind::Dev);
-        for platform in manifest.target.values() {
-            add(&platform.dependencies, Kind::Code);
-            add(&platform.build_dependencies, Kind::Code);
-            add(&platform.dev_dependencies, Kind::Dev);
+        for tables in std::iter::once(&manifest.dependencies).chain(manifest.target.values()) {
+            add(&tables.dependencies, Kind::Code);
+            add(&tables.build_dependencies, Kind::Code);
+            add(&tables.dev_dependencies, Kind::Dev);
         }
         let published = !matches!(manifest.package.publish, Some(toml::Value::Boolean(false)));
         let explicit = manifest
