@@ -10,15 +10,14 @@
 //! runtime or a tokio runtime.
 //!
 //! ```text
-//!              Created (create)                    Read (same read)
-//!   (none) ──────────────────▶ waiting: Exit ─────────────────────────▶ tracked
-//!      │                          │ Start: ReadNow                          ▲
-//!      │ Created (run)            ▼                   Read (same read)      │
-//!      └──────────▶ waiting: Run ──▶ resolving ─────────────────────────────┤
-//!                     Observed / Start: Read                                │
-//!   waiting ── Sweep (older than the TTL) ──▶ (none)                        │
-//!   Found (a state scan) ───────────────────────────────────────────────────┘
-//!   tracked ── Exited (same watch) / Deleted (shared sandbox) ──▶ (none)
+//!            Created               Start / Observed
+//!   (none) ──────────▶ waiting ─────────────────────▶ resolving
+//!     ▲                 │    │                            │
+//!     │ Sweep (the TTL) │    │ Read (its number)          │ Read (its number)
+//!     └─────────────────┘    ▼                            ▼
+//!                         tracked ◀──────────────────────┘
+//!   Found (a state scan) ──▶ tracked
+//!   tracked ── Exited (its own watch) / Deleted (shared sandbox) ──▶ (none)
 //! ```
 //!
 //! A `create`'s container is read by a reader that waits for the

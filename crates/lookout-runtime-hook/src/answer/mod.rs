@@ -10,17 +10,17 @@
 //! hook's task, which answers them after it has done what must precede the
 //! exec (reading config.json; reporting `Added` before `start`).
 //!
-//! N.B. an earlier design answered every event from the tokio task that
-//! also runs the state machine; the reactor's epoll round trip, its timer
-//! bookkeeping and the work after each answer cost every runtime exec
-//! 10-20 us more than a blocking responder on these 2-CPU machines.
+//! N.B. why a thread of its own, not the tokio task that runs the state
+//! machine: the reactor's epoll round trip, its timer bookkeeping and the
+//! work after each answer would cost every runtime exec 10-20 us more than
+//! a blocking responder on these 2-CPU machines.
 //!
 //! N.B. the thread blocks in `read(2)` on the group, with no `poll` before
 //! it: the extra system call and wake-up cost each exec 1.4 us of latency
 //! and 1.7 us of CPU here (docs/benchmarks.md, thirteenth pass). To stop
 //! it, a private memfd is marked `FAN_MODIFY` in the same group and written
 //! to: the event ends the read. Where that cannot be set up (proved once at
-//! spawn), the thread polls the group and an eventfd, as before.
+//! spawn), the thread polls the group and an eventfd instead.
 
 use std::collections::HashSet;
 use std::fs::File;
