@@ -195,6 +195,7 @@ impl RuntimeHook {
             config.slice,
         )
         .map_err(Error::Thread)?;
+        crate::untrusted::keep_root(&config.host_root);
         let (notices_tx, notices_rx) = mpsc::channel(1024);
         let learned_roots = config.state_roots.clone();
         let mut hook = RuntimeHook {
