@@ -98,7 +98,7 @@ pub struct RuntimeHook {
     /// Pending, resolving and tracked containers.
     lifecycle: Lifecycle<Held>,
     /// The exit watches of tracked containers, by watch
-    /// ([`Effect::WatchExit`]).
+    /// ([`Effect::WatchExit`](crate::lifecycle::Effect::WatchExit)).
     exits: HashMap<u64, ExitWatch>,
     notices_tx: mpsc::Sender<Notice>,
     notices_rx: mpsc::Receiver<Notice>,

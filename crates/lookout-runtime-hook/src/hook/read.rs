@@ -194,7 +194,7 @@ enum Unresolved {
     /// The create failed: nothing of the container is left.
     Failed(String),
     /// The runtime made a container that cannot be reported, for `reason`
-    /// (a [`Observer::missed`] label).
+    /// (a [`Observer::missed`](crate::Observer::missed) label).
     Missed {
         runtime: RuntimeKind,
         reason: &'static str,
