@@ -160,7 +160,7 @@ fn watch(
 /// boot) was left by an earlier container with the same id, and not made
 /// by the `run` process that started at `run_start`: a container's init is
 /// forked after the `run` that makes it. Unknown start times count as this
-/// run's, as before this check. runsc's state has none: the sandbox's
+/// run's: nothing tells them apart. runsc's state has none: the sandbox's
 /// start time from /proc would not do, since a `run` that joins an existing
 /// sandbox makes a new container in an older sandbox.
 fn left_before(state_start: Option<u64>, run_start: Option<u64>) -> bool {
@@ -178,7 +178,7 @@ mod tests {
         assert!(!left_before(Some(101), Some(100)));
         // No start time in the state (runsc), or none for the `run`
         // (fanotify-only mode, the process gone before it was read): no
-        // judgement, reported as before.
+        // judgement, reported.
         assert!(!left_before(None, Some(100)));
         assert!(!left_before(Some(1), None));
     }

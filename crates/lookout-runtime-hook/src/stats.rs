@@ -8,8 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lookout_fanotify::Permission;
-
 /// Sees what the hook does, for metrics. Called on the thread that answers
 /// permission events: keep it cheap (atomics).
 pub trait Observer: Send + Sync {
@@ -343,16 +341,9 @@ impl Counters {
         }
     }
 
-    /// Allows `perm`, read at `since`, and records how long the exec
-    /// waited on us. (Measured before the answer: the write wakes the
-    /// exec'ing task, which may preempt this thread at once on a small
-    /// machine, and that time is not the exec's.)
-    pub fn answer(&self, perm: Permission, since: Instant) {
-        let elapsed = since.elapsed();
-        if let Err(e) = perm.allow() {
-            tracing::warn!(error = %lookout_model::Chain(&e), "answering a permission event");
-        }
-        self.record(elapsed);
+    /// Records an exec answered `waited` after it was read.
+    pub fn answered_after(&self, waited: Duration) {
+        self.record(waited);
     }
 
     /// Records an exec that was answered `since.elapsed()` after it was read.

@@ -161,8 +161,18 @@ fn open_sized(dir: &OwnedFd, path: &Path, policy: Policy) -> Result<(std::fs::Fi
     Ok((std::fs::File::from(fd), st.st_size as u64))
 }
 
-/// The host root's `O_PATH` handle, opened once and kept: every read
-/// opened it and closed it again, two system calls on the path from a
+/// Opens the host root's handle now and keeps it (see [`open_root`]): the
+/// hook does this when it is built, so that the handle is one of the fds
+/// it holds from the start rather than one the first container adds, and
+/// no exec waits for its open.
+pub(crate) fn keep_root(host_root: &Path) {
+    if let Err(e) = open_root(host_root) {
+        tracing::debug!(error = %lookout_model::Chain(&e), "the host root is opened at the first read instead");
+    }
+}
+
+/// The host root's `O_PATH` handle, opened once and kept: opened and
+/// closed by every read, it would cost two system calls on the path from a
 /// `create`'s exec (its config.json) and from its exit (its state) to the
 /// container's report. The agent reads under one host root for its life
 /// (`/`, or `/host` in its pod), so one handle is kept, of the last root

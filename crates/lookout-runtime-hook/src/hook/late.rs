@@ -172,7 +172,7 @@ impl RuntimeHook {
     }
 
     /// fanotify-only mode: once the exec is allowed and through, the
-    /// runtime's own argv is in /proc/<pid>/cmdline. Follows the process
+    /// runtime's own argv is in `/proc/<pid>/cmdline`. Follows the process
     /// until then. If it ends first (a `start` or `delete` takes a few ms;
     /// a `create` on a loaded node can too), or the argv does not appear
     /// within [`LATE_ARGV_DEADLINE`], it is reported as unread and the
