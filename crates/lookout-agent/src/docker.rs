@@ -246,6 +246,9 @@ pub fn identity(
         k.image = c.image.clone();
         c.kubernetes = Some(k);
         c.pod_sandbox = sandbox;
+        if sandbox {
+            c.kind = Some(lookout_model::ContainerKind::Sandbox);
+        }
     }
     c
 }

@@ -382,12 +382,21 @@ struct GateEntry {
     namespaces: Vec<String>,
     pod_labels: Vec<(String, String)>,
     annotations: Vec<(String, String)>,
+    // N.B. a predecessor's book may lack the later criteria: then its
+    // subscribers set none. Never drop one on the way through: a gate
+    // that selected by workload would come back selecting everything.
+    #[serde(default)]
+    workloads: Vec<String>,
+    #[serde(default)]
+    cgroup_ids: Vec<u64>,
+    #[serde(default)]
+    image_digests: Vec<String>,
 }
 
 /// The gates file's limit. 64 subscribers with the largest filters
-/// allowed (64 entries of 1 KiB in each of four lists) take 16 MiB of
-/// plain strings; escaped control characters could make that six times
-/// as much, so subscriptions past this are left out (and logged).
+/// allowed (64 entries of 1 KiB in each of six string lists) take 24 MiB
+/// of plain strings; escaped control characters could make that six
+/// times as much, so subscriptions past this are left out (and logged).
 const GATES_LIMIT: u64 = 16 << 20;
 
 impl Book {
@@ -415,6 +424,9 @@ impl SubscriptionStore for Book {
                 namespaces: s.filter.namespaces.clone(),
                 pod_labels: s.filter.pod_labels.clone(),
                 annotations: s.filter.annotations.clone(),
+                workloads: s.filter.workloads.clone(),
+                cgroup_ids: s.filter.cgroup_ids.clone(),
+                image_digests: s.filter.image_digests.clone(),
             };
             let Ok(b) = serde_json::to_vec(&entry) else {
                 left_out += 1;
@@ -464,6 +476,9 @@ impl SubscriptionStore for Book {
                             namespaces: e.namespaces,
                             pod_labels: e.pod_labels,
                             annotations: e.annotations,
+                            workloads: e.workloads,
+                            cgroup_ids: e.cgroup_ids,
+                            image_digests: e.image_digests,
                         },
                         deadline: Duration::from_millis(e.deadline_ms),
                         on_failure: if e.fail_closed {
@@ -735,6 +750,9 @@ mod tests {
                 namespaces: vec!["default".into()],
                 pod_labels: vec![("app".into(), "web".into())],
                 annotations: vec![("a".into(), "b".into())],
+                workloads: vec!["Deployment/shop/api".into()],
+                cgroup_ids: vec![4242],
+                image_digests: vec!["sha256:abc".into()],
             },
             deadline: Duration::from_millis(300),
             on_failure: FailurePolicy::Closed,

@@ -247,6 +247,9 @@ fn container_of(
     }
     c.kubernetes = Some(k);
     c.pod_sandbox = lookout_model::is_pod_sandbox(&n.annotations);
+    if c.pod_sandbox {
+        c.kind = Some(lookout_model::ContainerKind::Sandbox);
+    }
     if c.runtime == RuntimeKind::Runsc {
         c.sandbox = Some("gvisor".into());
     }
@@ -262,6 +265,7 @@ fn sandbox_of(p: &lookout_nri::Pod, runtime: &RuntimeKind, status: Status) -> Co
     c.status = status;
     c.annotations = p.annotations.clone();
     c.pod_sandbox = true;
+    c.kind = Some(lookout_model::ContainerKind::Sandbox);
     let mut k = Kubernetes::default();
     fill_pod(&mut k, p);
     k.container = None;
@@ -297,6 +301,5 @@ fn fill_pod(k: &mut Kubernetes, p: &lookout_nri::Pod) {
 /// node agent), with what /proc tells about it.
 fn set_pid(c: &mut Container, pid: u32) {
     c.pid = Some(pid);
-    c.namespaces = lookout_host::proc::namespaces(pid);
-    c.cgroup = lookout_host::proc::cgroup(pid);
+    lookout_host::kernel::fill(c, pid, None);
 }

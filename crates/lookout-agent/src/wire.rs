@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use lookout_api::v1 as pb;
 use lookout_api::v1::watch_event::Kind;
-use lookout_model::{Container, EventKind, Kubernetes, Namespaces, RuntimeKind, Source, Status};
+use lookout_model::{
+    Container, ContainerKind, EventKind, IdMapping, IdMaps, Kubernetes, Namespaces, RuntimeKind,
+    Source, Status, Workload,
+};
 
 use crate::hub::{Change, FailurePolicy, Filter, Live};
 
@@ -36,6 +39,9 @@ pub(crate) fn filter_of(f: Option<pb::Filter>) -> Result<Filter, tonic::Status> 
         ("namespaces", f.namespaces.len()),
         ("pod_labels", f.pod_labels.len()),
         ("annotations", f.annotations.len()),
+        ("workloads", f.workloads.len()),
+        ("cgroup_ids", f.cgroup_ids.len()),
+        ("image_digests", f.image_digests.len()),
     ] {
         if n > MAX_FILTER_ENTRIES {
             return Err(tonic::Status::invalid_argument(format!(
@@ -49,6 +55,8 @@ pub(crate) fn filter_of(f: Option<pb::Filter>) -> Result<Filter, tonic::Status> 
         .chain(&f.namespaces)
         .chain(f.pod_labels.iter().flat_map(|(k, v)| [k, v]))
         .chain(f.annotations.iter().flat_map(|(k, v)| [k, v]))
+        .chain(&f.workloads)
+        .chain(&f.image_digests)
         .any(|s| s.len() > MAX_FILTER_STRING);
     if long {
         return Err(tonic::Status::invalid_argument(format!(
@@ -64,6 +72,9 @@ pub(crate) fn filter_of(f: Option<pb::Filter>) -> Result<Filter, tonic::Status> 
         namespaces: f.namespaces,
         pod_labels,
         annotations,
+        workloads: f.workloads,
+        cgroup_ids: f.cgroup_ids,
+        image_digests: f.image_digests,
     })
 }
 
@@ -97,6 +108,13 @@ pub(crate) fn container_pb(l: &Live) -> pb::Container {
             container: k.container.clone().unwrap_or_default(),
             image: k.image.clone().unwrap_or_default(),
             labels: k.labels.clone().into_iter().collect(),
+            workload: k.workload.as_ref().map(|w| pb::Workload {
+                kind: w.kind.clone(),
+                name: w.name.clone(),
+                namespace: w.namespace.clone(),
+                api_version: w.api_version.clone(),
+                uid: w.uid.clone().unwrap_or_default(),
+            }),
         }),
         source: l.source.to_string(),
         added_monotonic_ns: l.added_monotonic_ns,
@@ -105,9 +123,31 @@ pub(crate) fn container_pb(l: &Live) -> pb::Container {
             mnt: ns.mnt.unwrap_or(0),
             pid: ns.pid.unwrap_or(0),
             net: ns.net.unwrap_or(0),
-            // Not collected by the agent yet.
-            ..Default::default()
+            user: ns.user.unwrap_or(0),
+            uts: ns.uts.unwrap_or(0),
+            ipc: ns.ipc.unwrap_or(0),
+            cgroup: ns.cgroup.unwrap_or(0),
+            time: ns.time.unwrap_or(0),
         }),
+        image_digest: c.image_digest.clone().unwrap_or_default(),
+        cgroup_id: c.cgroup_id.unwrap_or(0),
+        id_maps: c.id_maps.as_ref().map(|m| {
+            let lines = |map: &[IdMapping]| {
+                map.iter()
+                    .map(|l| pb::IdMapping {
+                        container_id: l.container_id,
+                        host_id: l.host_id,
+                        size: l.size,
+                    })
+                    .collect()
+            };
+            pb::IdMaps {
+                uid: lines(&m.uid),
+                gid: lines(&m.gid),
+            }
+        }),
+        kind: c.kind.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+        unresolved: c.unresolved.clone().into_iter().collect(),
     }
 }
 
@@ -208,21 +248,62 @@ pub(crate) fn live_of(c: pb::Container) -> Live {
         out.container = some(k.container);
         out.image = some(k.image);
         out.labels = k.labels.into_iter().collect();
+        out.workload = k.workload.map(|w| {
+            let mut out = Workload::default();
+            out.kind = w.kind;
+            out.name = w.name;
+            out.namespace = w.namespace;
+            out.api_version = w.api_version;
+            out.uid = some(w.uid);
+            out
+        });
         out
     });
     if let Some(ns) = c.namespaces {
+        let known = |x: u64| Some(x).filter(|x| *x != 0);
         let mut n = Namespaces::default();
-        n.mnt = Some(ns.mnt).filter(|x| *x != 0);
-        n.pid = Some(ns.pid).filter(|x| *x != 0);
-        n.net = Some(ns.net).filter(|x| *x != 0);
+        n.mnt = known(ns.mnt);
+        n.pid = known(ns.pid);
+        n.net = known(ns.net);
+        n.user = known(ns.user);
+        n.uts = known(ns.uts);
+        n.ipc = known(ns.ipc);
+        n.cgroup = known(ns.cgroup);
+        n.time = known(ns.time);
         m.namespaces = n;
     }
+    m.image_digest = Some(c.image_digest).filter(|s| !s.is_empty());
+    m.cgroup_id = Some(c.cgroup_id).filter(|x| *x != 0);
+    m.id_maps = c.id_maps.map(|maps| {
+        let lines = |map: Vec<pb::IdMapping>| {
+            map.into_iter()
+                .map(|l| IdMapping::new(l.container_id, l.host_id, l.size))
+                .collect()
+        };
+        let mut out = IdMaps::default();
+        out.uid = lines(maps.uid);
+        out.gid = lines(maps.gid);
+        out
+    });
+    m.kind = kind_of(&c.kind);
+    m.unresolved = c.unresolved.into_iter().collect();
     Live {
         container: Arc::new(m),
         source: source_of(&c.source),
         added_monotonic_ns: c.added_monotonic_ns,
         added_unix_ms: c.added_unix_ms,
     }
+}
+
+fn kind_of(s: &str) -> Option<ContainerKind> {
+    [
+        ContainerKind::Regular,
+        ContainerKind::Init,
+        ContainerKind::Ephemeral,
+        ContainerKind::Sandbox,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == s)
 }
 
 fn source_of(s: &str) -> Source {

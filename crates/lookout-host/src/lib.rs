@@ -5,6 +5,8 @@
 //!   namespace renders it), start time, uid, working directory and argv.
 //!   Every read is of a small kernel-made file; a process that is gone is
 //!   `None`, never an error.
+//! - [`kernel`]: what a container's init runs in, as consumers' BPF
+//!   programs key it: every namespace, the cgroup id, the id maps.
 //! - [`sched`]: a short scheduler time slice for the threads a runtime
 //!   waits on (Linux 6.12+).
 //! - [`host_path`] and [`resolve_in_root`]: host paths for an agent that
@@ -19,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod kernel;
 pub mod proc;
 pub mod sched;
 

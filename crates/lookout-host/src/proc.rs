@@ -18,7 +18,7 @@ use lookout_model::Namespaces;
 /// gives as much as is asked while any is left. A multi-record `seq_file`
 /// (`mountinfo`) may stop short of a record that did not fit; read those
 /// to the end.
-fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
+pub(crate) fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).ok()?;
     let mut bytes = vec![0; 4096];
@@ -46,7 +46,7 @@ fn read_proc_bytes(path: &str) -> Option<Vec<u8>> {
 /// whose init named itself `"\xff"` would read as dead, and the start-up
 /// scan would skip it: hidden. The fields parsed here are ASCII; only the
 /// name (and a cgroup path component) can be replaced.
-fn read_proc(path: &str) -> Option<String> {
+pub(crate) fn read_proc(path: &str) -> Option<String> {
     let bytes = read_proc_bytes(path)?;
     Some(
         String::from_utf8(bytes)
@@ -64,17 +64,43 @@ fn parse_ns_link(target: &std::path::Path) -> Option<u64> {
     s.split('[').nth(1)?.trim_end_matches(']').parse().ok()
 }
 
-/// The mnt, net and pid namespace inodes of `pid`.
+/// The inodes of every namespace of `pid`: mnt, net, pid, user, cgroup,
+/// ipc, uts and time (each `None` when unreadable: the process is gone,
+/// or the kernel predates the namespace, as time before 5.6).
 pub fn namespaces(pid: u32) -> Namespaces {
-    namespaces_with_mnt(pid, ns_inode(pid, "mnt"))
+    namespaces_with_mnt(pid, None)
 }
 
-/// [`namespaces`], the mount namespace already known.
-fn namespaces_with_mnt(pid: u32, mnt: Option<u64>) -> Namespaces {
+/// [`namespaces`], the mount namespace already known when `mnt` is
+/// `Some`. One open of `/proc/<pid>/ns`, then a `fstatat` relative to it
+/// per namespace: the pid's directory is looked up and its owner checked
+/// once, not eight times (a `readlink` of each full path was a fifth of a
+/// reader's time with three namespaces, benchmarks.md).
+pub(crate) fn namespaces_with_mnt(pid: u32, mnt: Option<u64>) -> Namespaces {
+    use nix::fcntl::{AtFlags, OFlag, open};
+    use nix::sys::stat::{Mode, fstatat};
     let mut ns = Namespaces::default();
     ns.mnt = mnt;
-    ns.net = ns_inode(pid, "net");
-    ns.pid = ns_inode(pid, "pid");
+    let Ok(dir) = open(
+        format!("/proc/{pid}/ns").as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return ns;
+    };
+    // `stat` follows the link to the namespace's nsfs inode: its number is
+    // the one in the link's text (`mnt:[4026531841]`).
+    let inode = |name: &str| fstatat(&dir, name, AtFlags::empty()).ok().map(|st| st.st_ino);
+    if ns.mnt.is_none() {
+        ns.mnt = inode("mnt");
+    }
+    ns.net = inode("net");
+    ns.pid = inode("pid");
+    ns.user = inode("user");
+    ns.cgroup = inode("cgroup");
+    ns.ipc = inode("ipc");
+    ns.uts = inode("uts");
+    ns.time = inode("time");
     ns
 }
 
@@ -84,6 +110,12 @@ fn namespaces_with_mnt(pid: u32, mnt: Option<u64>) -> Namespaces {
 /// does not answer within a second); else as this process's cgroup
 /// namespace does.
 pub fn cgroup(pid: u32) -> Option<String> {
+    parse_cgroup(&cgroup_text(pid)?)
+}
+
+/// `/proc/<pid>/cgroup` as [`cgroup`] reads it: in the host's cgroup
+/// namespace when it can.
+pub(crate) fn cgroup_text(pid: u32) -> Option<String> {
     let text = match HOST_CGROUP_READER.get() {
         // A thread that entered the host's namespace reads it itself.
         Some(_) if IN_HOST_CGROUP_NAMESPACE.get() => read_proc(&format!("/proc/{pid}/cgroup"))?,
@@ -93,7 +125,7 @@ pub fn cgroup(pid: u32) -> Option<String> {
         Some(reader) => reader.read(pid)?,
         None => read_proc(&format!("/proc/{pid}/cgroup"))?,
     };
-    parse_cgroup(&text)
+    Some(text)
 }
 
 std::thread_local! {
@@ -263,8 +295,8 @@ pub struct Init {
 }
 
 impl Init {
-    /// Its mnt, net and pid namespace inodes, as [`namespaces`] reads
-    /// them, the mount namespace from the check (one `readlink` fewer).
+    /// Its namespace inodes, as [`namespaces`] reads them, the mount
+    /// namespace from the check.
     pub fn namespaces(&self) -> Namespaces {
         namespaces_with_mnt(self.pid, Some(self.mnt))
     }

@@ -333,8 +333,7 @@ impl Informer {
                 Change::Added(mut c) => {
                     if let Some(&pid) = pids.get(&c.id) {
                         c.pid = Some(pid);
-                        c.namespaces = lookout_host::proc::namespaces(pid);
-                        c.cgroup = lookout_host::proc::cgroup(pid);
+                        lookout_host::kernel::fill(&mut c, pid, None);
                     }
                     sink.emit(ContainerEvent::added(Source::Informer, c));
                 }

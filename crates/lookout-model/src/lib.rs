@@ -260,7 +260,12 @@ pub enum Status {
     Stopped,
 }
 
-/// Namespace inode numbers of the container's init process.
+/// Namespace inode numbers of the container's init process: the value
+/// of `stat(2)`'s `st_ino` on `/proc/<pid>/ns/<name>`, which a BPF program
+/// compares with `task->nsproxy->mnt_ns->ns.inum` and its kin.
+///
+/// `mnt`, `net` and `pid` are written as `null` when unknown (as ever);
+/// the others are left out then.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
@@ -271,6 +276,143 @@ pub struct Namespaces {
     pub net: Option<u64>,
     /// Pid namespace.
     pub pid: Option<u64>,
+    /// User namespace: the host's unless the container has its own (then
+    /// [`Container::id_maps`] says how its ids map to the host's).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub user: Option<u64>,
+    /// Cgroup namespace.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cgroup: Option<u64>,
+    /// IPC namespace.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ipc: Option<u64>,
+    /// UTS (host name) namespace.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub uts: Option<u64>,
+    /// Time namespace (Linux 5.6+).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub time: Option<u64>,
+}
+
+/// One line of a user namespace's `uid_map` or `gid_map`: ids
+/// `container_id .. container_id + size` inside are `host_id ..` outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct IdMapping {
+    /// The first id inside the container's user namespace.
+    pub container_id: u32,
+    /// The id it is on the host.
+    pub host_id: u32,
+    /// How many consecutive ids the line maps.
+    pub size: u32,
+}
+
+impl IdMapping {
+    /// A mapping of `size` ids from `container_id` inside to `host_id` on
+    /// the host.
+    pub fn new(container_id: u32, host_id: u32, size: u32) -> IdMapping {
+        IdMapping {
+            container_id,
+            host_id,
+            size,
+        }
+    }
+}
+
+/// How a container with its own user namespace sees the host's ids (a
+/// pod with `hostUsers: false`, a rootless or userns-remapped engine).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct IdMaps {
+    /// `/proc/<pid>/uid_map`, line by line.
+    pub uid: Vec<IdMapping>,
+    /// `/proc/<pid>/gid_map`, line by line.
+    pub gid: Vec<IdMapping>,
+}
+
+impl IdMaps {
+    /// The host id of `id` inside, by `map` (`uid` or `gid`): `None` when
+    /// no line maps it (the kernel shows such an id as the overflow id).
+    ///
+    /// ```
+    /// use lookout_model::{IdMapping, IdMaps};
+    /// let mut maps = IdMaps::default();
+    /// maps.uid.push(IdMapping::new(0, 100000, 65536));
+    /// assert_eq!(IdMaps::host_id(&maps.uid, 0), Some(100000));
+    /// assert_eq!(IdMaps::host_id(&maps.uid, 65536), None);
+    /// ```
+    pub fn host_id(map: &[IdMapping], id: u32) -> Option<u32> {
+        map.iter().find_map(|m| {
+            let offset = id.checked_sub(m.container_id)?;
+            (offset < m.size).then(|| m.host_id.checked_add(offset)).flatten()
+        })
+    }
+}
+
+/// What a container is to its pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ContainerKind {
+    /// One of `spec.containers` (a sidecar, `spec.initContainers` with
+    /// `restartPolicy: Always`, is `init`).
+    Regular,
+    /// One of `spec.initContainers`.
+    Init,
+    /// One of `spec.ephemeralContainers` (`kubectl debug`).
+    Ephemeral,
+    /// The pod's sandbox (pause) container: [`Container::pod_sandbox`].
+    Sandbox,
+}
+
+impl ContainerKind {
+    /// The name as printed (`regular`, `init`, `ephemeral`, `sandbox`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ContainerKind::Regular => "regular",
+            ContainerKind::Init => "init",
+            ContainerKind::Ephemeral => "ephemeral",
+            ContainerKind::Sandbox => "sandbox",
+        }
+    }
+}
+
+impl fmt::Display for ContainerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The controller at the top of a pod's owner chain: Pod → ReplicaSet →
+/// Deployment gives the Deployment, Pod → Job → CronJob the CronJob. A pod
+/// without a controller is its own workload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct Workload {
+    /// `Deployment`, `StatefulSet`, `DaemonSet`, `CronJob`, `Job`,
+    /// `ReplicaSet`, `Pod`, or any controller's kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Its namespace (the pod's: owners are in the same namespace).
+    pub namespace: String,
+    /// `apps/v1`, `batch/v1`, `v1`, ...
+    pub api_version: String,
+    /// Its UID, when known.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub uid: Option<String>,
+}
+
+impl Workload {
+    /// The workload's key as filters take it: `Kind/namespace/name`
+    /// (`Deployment/shop/api`).
+    pub fn key(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
 }
 
 /// A container as lookout knows it.
@@ -332,6 +474,29 @@ pub struct Container {
     /// annotations, which are in `annotations`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub labels: BTreeMap<String, String>,
+    /// The image by digest, `repo@sha256:...`, when known (the Pod's
+    /// `status.containerStatuses[].imageID`, Docker's `RepoDigests`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub image_digest: Option<String>,
+    /// The inode number of the container's cgroup v2 directory: what
+    /// `bpf_get_current_cgroup_id()` returns for its processes. Absent
+    /// without a cgroup v2 hierarchy (`unresolved` says why).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cgroup_id: Option<u64>,
+    /// For a container in a user namespace of its own: how its ids map to
+    /// the host's. Absent for a container in the host's user namespace.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub id_maps: Option<IdMaps>,
+    /// What the container is to its pod (regular, init, ephemeral,
+    /// sandbox), when known: `sandbox` from the runtime's annotations, the
+    /// others from the pod's spec.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kind: Option<ContainerKind>,
+    /// Fields lookout could not fill, or filled only in part, and why:
+    /// `{"cgroup_id": "no cgroup v2 hierarchy is mounted"}`. A field
+    /// absent without an entry here was not known to its source.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub unresolved: BTreeMap<String, String>,
 }
 
 /// The Kubernetes identity of a container.
@@ -352,6 +517,10 @@ pub struct Kubernetes {
     /// The pod's labels (from the informer).
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub labels: BTreeMap<String, String>,
+    /// The controller at the top of the pod's owner chain (from the
+    /// informer), when known.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub workload: Option<Workload>,
 }
 
 impl Kubernetes {
@@ -393,6 +562,7 @@ impl Kubernetes {
                 "io.kubernetes.cri-o.ImageName",
             ]),
             labels: BTreeMap::new(),
+            workload: None,
         };
         (k != Kubernetes::default()).then_some(k)
     }
@@ -445,11 +615,23 @@ impl Container {
             image: None,
             image_id: None,
             labels: BTreeMap::new(),
+            image_digest: None,
+            cgroup_id: None,
+            id_maps: None,
+            kind: None,
+            unresolved: BTreeMap::new(),
         }
     }
 
+    /// Records why `field` is unknown or partial (see
+    /// [`unresolved`](Self::unresolved)).
+    pub fn set_unresolved(&mut self, field: &str, why: impl Into<String>) {
+        self.unresolved.insert(field.to_owned(), why.into());
+    }
+
     /// Fills what `self` lacks of the identity lookout learns after
-    /// `added` (name, image, labels, Kubernetes identity) from `known`: an
+    /// `added` (name, image, image id and digest, labels, kind, Kubernetes
+    /// identity and its workload) from `known`: an
     /// earlier report of the same container (a `removed` event built by a
     /// backend that never learnt them still carries them), or an `updated`
     /// one (which changes nothing else: not the pid, not the status).
@@ -466,9 +648,21 @@ impl Container {
         if self.labels.is_empty() {
             self.labels.clone_from(&known.labels);
         }
-        if self.kubernetes.is_none() {
-            self.kubernetes.clone_from(&known.kubernetes);
-            self.pod_sandbox |= known.pod_sandbox;
+        if self.image_digest.is_none() {
+            self.image_digest.clone_from(&known.image_digest);
+        }
+        if self.kind.is_none() {
+            self.kind = known.kind;
+        }
+        match (&mut self.kubernetes, &known.kubernetes) {
+            (None, _) => {
+                self.kubernetes.clone_from(&known.kubernetes);
+                self.pod_sandbox |= known.pod_sandbox;
+            }
+            (Some(mine), Some(theirs)) if mine.workload.is_none() => {
+                mine.workload.clone_from(&theirs.workload);
+            }
+            _ => {}
         }
     }
 
@@ -479,8 +673,13 @@ impl Container {
             || (self.image.is_none() && known.image.is_some())
             || (self.image_id.is_none() && known.image_id.is_some())
             || (self.labels.is_empty() && !known.labels.is_empty())
-            || (self.kubernetes.is_none()
-                && (known.kubernetes.is_some() || (known.pod_sandbox && !self.pod_sandbox)))
+            || (self.image_digest.is_none() && known.image_digest.is_some())
+            || (self.kind.is_none() && known.kind.is_some())
+            || match (&self.kubernetes, &known.kubernetes) {
+                (None, theirs) => theirs.is_some() || (known.pod_sandbox && !self.pod_sandbox),
+                (Some(mine), Some(theirs)) => mine.workload.is_none() && theirs.workload.is_some(),
+                (Some(_), None) => false,
+            }
     }
 }
 
@@ -618,7 +817,7 @@ mod tests {
     /// something: a shared record is copied then and only then.
     #[test]
     fn lacks_identity_of_is_exactly_when_the_fill_changes_something() {
-        let variants = |c: &mut Container, bits: u8| {
+        let variants = |c: &mut Container, bits: u16| {
             if bits & 1 != 0 {
                 c.name = Some("n".into());
             }
@@ -637,9 +836,20 @@ mod tests {
             if bits & 32 != 0 {
                 c.pod_sandbox = true;
             }
+            if bits & 64 != 0 {
+                c.image_digest = Some("r@sha256:1".into());
+            }
+            if bits & 128 != 0 {
+                c.kind = Some(ContainerKind::Init);
+            }
+            if bits & 256 != 0
+                && let Some(k) = c.kubernetes.as_mut()
+            {
+                k.workload = Some(Workload::default());
+            }
         };
-        for mine in 0..64u8 {
-            for theirs in 0..64u8 {
+        for mine in 0..512u16 {
+            for theirs in 0..512u16 {
                 let mut a = Container::new("c", RuntimeKind::Runc);
                 variants(&mut a, mine);
                 let mut b = Container::new("c", RuntimeKind::Runc);
@@ -649,7 +859,7 @@ mod tests {
                 assert_eq!(
                     a.lacks_identity_of(&b),
                     filled != a,
-                    "mine {mine:06b}, theirs {theirs:06b}"
+                    "mine {mine:09b}, theirs {theirs:09b}"
                 );
             }
         }

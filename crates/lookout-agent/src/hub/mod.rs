@@ -59,6 +59,13 @@ pub struct Filter {
     pub pod_labels: Vec<(String, String)>,
     /// All of these OCI annotations.
     pub annotations: Vec<(String, String)>,
+    /// Any of these workloads (`Kind/namespace/name`).
+    pub workloads: Vec<String>,
+    /// Any of these cgroup ids.
+    pub cgroup_ids: Vec<u64>,
+    /// Any of these image digests: a whole `repo@sha256:...`, or the
+    /// `sha256:...` part, which an image id matches too.
+    pub image_digests: Vec<String>,
 }
 
 impl Filter {
@@ -78,7 +85,38 @@ impl Filter {
                 .annotations
                 .iter()
                 .all(|(k, v)| c.annotations.get(k).is_some_and(|have| have == v))
+            && (self.workloads.is_empty()
+                || k8s.and_then(|k| k.workload.as_ref()).is_some_and(|w| {
+                    self.workloads
+                        .iter()
+                        .any(|want| workload_is(w, want.as_str()))
+                }))
+            && (self.cgroup_ids.is_empty()
+                || c.cgroup_id.is_some_and(|id| self.cgroup_ids.contains(&id)))
+            && (self.image_digests.is_empty()
+                || self.image_digests.iter().any(|d| image_is(c, d)))
     }
+}
+
+/// Whether `w` is the workload `Kind/namespace/name` names (compared
+/// part by part: no string is built per event).
+fn workload_is(w: &lookout_model::Workload, want: &str) -> bool {
+    let mut parts = want.splitn(3, '/');
+    parts.next() == Some(w.kind.as_str())
+        && parts.next() == Some(w.namespace.as_str())
+        && parts.next() == Some(w.name.as_str())
+}
+
+/// Whether `c`'s image is `digest`: its whole `image_digest`, or the
+/// `sha256:...` after its `@`, or its `image_id`.
+fn image_is(c: &Container, digest: &str) -> bool {
+    let by_digest = c.image_digest.as_deref().is_some_and(|have| {
+        have == digest
+            || have
+                .rsplit_once('@')
+                .is_some_and(|(_, sha)| sha == digest)
+    });
+    by_digest || c.image_id.as_deref() == Some(digest)
 }
 
 /// A live container as the hub knows it.

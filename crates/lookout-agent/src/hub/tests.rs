@@ -412,6 +412,7 @@ async fn filters_select_by_namespace_label_runtime_and_annotation() {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        ..Filter::default()
     };
     assert!(f(&[], &[], &[], &[]).matches(&c));
     assert!(f(&["crun"], &["prod"], &[("app", "web")], &[("trace", "yes")]).matches(&c));
@@ -419,6 +420,54 @@ async fn filters_select_by_namespace_label_runtime_and_annotation() {
     assert!(!f(&[], &["kube-system"], &[], &[]).matches(&c));
     assert!(!f(&[], &[], &[("app", "db")], &[]).matches(&c));
     assert!(!f(&[], &[], &[], &[("trace", "no")]).matches(&c));
+}
+
+#[tokio::test]
+async fn filters_select_by_workload_cgroup_id_and_image_digest() {
+    let mut c = Container::new("x", RuntimeKind::Runc);
+    c.cgroup_id = Some(7001);
+    c.image_digest = Some("docker.io/library/nginx@sha256:aaa".into());
+    c.image_id = Some("sha256:bbb".into());
+    c.kubernetes = Some({
+        let mut k = Kubernetes::default();
+        let mut w = lookout_model::Workload::default();
+        w.kind = "Deployment".into();
+        w.namespace = "shop".into();
+        w.name = "api".into();
+        k.workload = Some(w);
+        k
+    });
+    let by = |workloads: &[&str], cgroup_ids: &[u64], digests: &[&str]| Filter {
+        workloads: workloads.iter().map(|s| s.to_string()).collect(),
+        cgroup_ids: cgroup_ids.to_vec(),
+        image_digests: digests.iter().map(|s| s.to_string()).collect(),
+        ..Filter::default()
+    };
+    assert!(by(&["Deployment/shop/api"], &[], &[]).matches(&c));
+    assert!(by(&["StatefulSet/shop/db", "Deployment/shop/api"], &[], &[]).matches(&c));
+    for other in [
+        "Deployment/shop/ap",
+        "Deployment/shop/api/x",
+        "Deployment/shop",
+        "ReplicaSet/shop/api",
+        "Deployment/shop2/api",
+    ] {
+        assert!(!by(&[other], &[], &[]).matches(&c), "{other}");
+    }
+    assert!(by(&[], &[1, 7001], &[]).matches(&c));
+    assert!(!by(&[], &[7002], &[]).matches(&c));
+    assert!(by(&[], &[], &["docker.io/library/nginx@sha256:aaa"]).matches(&c));
+    assert!(by(&[], &[], &["sha256:aaa"]).matches(&c));
+    assert!(by(&[], &[], &["sha256:bbb"]).matches(&c), "the image id");
+    assert!(!by(&[], &[], &["sha256:ccc"]).matches(&c));
+    assert!(!by(&[], &[], &["nginx@sha256:aaa"]).matches(&c));
+    // Every criterion that is set must match.
+    assert!(!by(&["Deployment/shop/api"], &[7002], &[]).matches(&c));
+    // A container that does not know a criterion's field never matches it.
+    let bare = Container::new("y", RuntimeKind::Runc);
+    assert!(!by(&["Deployment/shop/api"], &[], &[]).matches(&bare));
+    assert!(!by(&[], &[7001], &[]).matches(&bare));
+    assert!(!by(&[], &[], &["sha256:aaa"]).matches(&bare));
 }
 
 #[tokio::test]
