@@ -46,7 +46,10 @@ pub fn fill(c: &mut Container, pid: u32, mnt: Option<u64>) {
             Ok(id) => c.cgroup_id = Some(id),
             Err(e) => c.set_unresolved(field::CGROUP_ID, lookout_model::Chain(&e).to_string()),
         },
-        None => c.set_unresolved(field::CGROUP_ID, format!("/proc/{pid}/cgroup is unreadable")),
+        None => c.set_unresolved(
+            field::CGROUP_ID,
+            format!("/proc/{pid}/cgroup is unreadable"),
+        ),
     }
     match id_maps(pid, c.namespaces.user) {
         Ok(maps) => c.id_maps = maps,
@@ -142,8 +145,8 @@ fn locate_cgroup2_root(host_root: &Path) -> Result<PathBuf, String> {
 pub fn cgroup_id(text: &str) -> Result<u64, CgroupIdError> {
     let path = parse_cgroup_v2(text).ok_or(CgroupIdError::NotInV2)?;
     let relative = cgroup_v2_relative(path)?;
-    let root = find_cgroup2_root(Path::new("/"))
-        .map_err(|e| CgroupIdError::NoHierarchy(e.to_owned()))?;
+    let root =
+        find_cgroup2_root(Path::new("/")).map_err(|e| CgroupIdError::NoHierarchy(e.to_owned()))?;
     let dir = root.join(relative);
     match std::fs::metadata(&dir) {
         Ok(m) => Ok(m.ino()),

@@ -90,7 +90,11 @@ pub(crate) fn namespaces_with_mnt(pid: u32, mnt: Option<u64>) -> Namespaces {
     };
     // `stat` follows the link to the namespace's nsfs inode: its number is
     // the one in the link's text (`mnt:[4026531841]`).
-    let inode = |name: &str| fstatat(&dir, name, AtFlags::empty()).ok().map(|st| st.st_ino);
+    let inode = |name: &str| {
+        fstatat(&dir, name, AtFlags::empty())
+            .ok()
+            .map(|st| st.st_ino)
+    };
     if ns.mnt.is_none() {
         ns.mnt = inode("mnt");
     }

@@ -346,7 +346,9 @@ impl IdMaps {
     pub fn host_id(map: &[IdMapping], id: u32) -> Option<u32> {
         map.iter().find_map(|m| {
             let offset = id.checked_sub(m.container_id)?;
-            (offset < m.size).then(|| m.host_id.checked_add(offset)).flatten()
+            (offset < m.size)
+                .then(|| m.host_id.checked_add(offset))
+                .flatten()
         })
     }
 }
