@@ -120,10 +120,7 @@ impl Running {
                 if let Some(mut e) = child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
-                assert!(
-                    status.success(),
-                    "the consumer failed ({status}): {err}"
-                );
+                assert!(status.success(), "the consumer failed ({status}): {err}");
                 // The reader ends at the pipe's end.
                 return self.lines.iter().collect();
             }
