@@ -924,7 +924,7 @@ feed            crun      -                   -           -      3h    scan
     #[test]
     fn the_kind_workload_cgroup_id_and_digest_show_where_identity_does() {
         let c = resolved_container();
-        let row = render_get(1, &[c.clone()], GetOutput::Wide, NOW);
+        let row = render_get(1, std::slice::from_ref(&c), GetOutput::Wide, NOW);
         let row: Vec<&str> = row
             .lines()
             .nth(1)
