@@ -20,6 +20,8 @@ struct Served {
     _dir: tempfile::TempDir,
     socket: PathBuf,
     hub: Arc<Hub>,
+    /// The hub's metrics.
+    registry: Registry,
     _health: Health,
 }
 
@@ -27,10 +29,8 @@ impl Served {
     fn start() -> Served {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("lookout.sock");
-        let hub = Hub::new(
-            HubConfig::default(),
-            HubMetrics::register(&mut Registry::default()),
-        );
+        let mut registry = Registry::default();
+        let hub = Hub::new(HubConfig::default(), HubMetrics::register(&mut registry));
         let listener = crate::grpc::bind(&socket, None).expect("bind the socket");
         let health = crate::grpc::spawn(
             listener,
@@ -46,7 +46,26 @@ impl Served {
             _dir: dir,
             socket,
             hub,
+            registry,
             _health: health,
+        }
+    }
+
+    /// Waits (ten seconds at most) until `n` gate subscribers are connected.
+    async fn wait_for_subscribers(&self, n: u64) {
+        let want = format!("gate_subscribers {n}\n");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("metrics");
+            if text.contains(&want) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not {n} gate subscribers within 10 s:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -376,4 +395,72 @@ async fn get_and_watch_select_by_workload_cgroup_id_and_image_digest() {
             snapshot + 2
         )
     );
+}
+
+/// Each `write` of the CLI (one line) sent on a channel.
+struct Lines(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .send(String::from_utf8_lossy(buf).into_owned())
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn gate_holds_only_the_starts_its_cgroup_id_filter_selects() {
+    use lookout_model::{StartBarrier, StartDecision};
+
+    let agent = Served::start();
+    let client = Client::connect_with(&agent.socket, ConnectOptions::new())
+        .await
+        .expect("connect");
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let opts = GateOptions {
+        name: "cli-filter".into(),
+        deadline: Duration::from_secs(10),
+        fail_closed: false,
+        hold: Duration::ZERO,
+        deny: Some("not this one".into()),
+        output: WatchOutput::Json,
+    };
+    let filter = Filter::all().cgroup_id(7002);
+    let gate = tokio::spawn(async move {
+        let mut out = Lines(tx);
+        answer_holds(&client, opts, filter, &mut out).await
+    });
+    agent.wait_for_subscribers(1).await;
+    let barrier = crate::hub::GateBarrier(Arc::clone(&agent.hub));
+    agent.add_with("api", RuntimeKind::Runc, "shop", "api-1", |c| {
+        deployed(c, "api", 7001, "registry.example/api@sha256:aaaa")
+    });
+    agent.add_with("web", RuntimeKind::Runc, "shop", "web-1", |c| {
+        deployed(c, "web", 7002, "registry.example/web@sha256:bbbb")
+    });
+    assert!(
+        barrier.wait("api").is_none(),
+        "another cgroup's start is not held"
+    );
+    let wait = barrier.wait("web").expect("its cgroup's start is held");
+    assert_eq!(
+        within("the gate's answer", wait).await,
+        StartDecision::Deny("denied by gate cli-filter: not this one".into())
+    );
+    let line = within("the hold's line", lines.recv())
+        .await
+        .expect("a line");
+    let hold: serde_json::Value = serde_json::from_str(&line).expect("valid JSON");
+    assert_eq!(hold["id"], "web", "{hold}");
+    assert_eq!(hold["held"], true, "{hold}");
+    assert_eq!(hold["cgroup_id"], 7002, "{hold}");
+    assert_eq!(hold["workload"], "Deployment/shop/web", "{hold}");
+    assert_eq!(hold["kind"], "regular", "{hold}");
+    assert!(lines.try_recv().is_err(), "one hold only");
+    gate.abort();
 }
