@@ -4,6 +4,8 @@
     pip install grpcio grpcio-tools grpcio-health-checking grpcio-reflection
     sudo python3 lookout_consumer.py list
     sudo python3 lookout_consumer.py watch
+    sudo python3 lookout_consumer.py watch --workload Deployment/shop/api
+    sudo python3 lookout_consumer.py list --cgroup-id 7301 --image-digest sha256:9b2e...
     sudo python3 lookout_consumer.py gate --deny SOME_ID
     python3 lookout_consumer.py health
     python3 lookout_consumer.py services
@@ -60,6 +62,7 @@ def emit(**fields):
 
 def container_json(c):
     k = c.kubernetes
+    w = k.workload
     return {
         "id": c.id,
         "runtime": c.runtime,
@@ -71,11 +74,30 @@ def container_json(c):
         "name": c.name,
         "image": c.image,
         "labels": dict(c.labels),
+        # 0 and "" on the wire are "not known": None here.
+        "cgroup_id": c.cgroup_id or None,
+        "kind": c.kind or None,
+        "workload": f"{w.kind}/{w.namespace}/{w.name}" if k.HasField("workload") and w.kind else None,
+        "image_digest": c.image_digest or None,
+        "mnt_ns": c.namespaces.mnt or None,
+        "unresolved": dict(c.unresolved),
     }
 
 
+def filter_of(pb, args):
+    """The filter flags as the proto's Filter: any of each flag's values,
+    every flag given."""
+    return pb.Filter(
+        runtimes=args.runtime,
+        namespaces=args.namespace,
+        workloads=args.workload,
+        cgroup_ids=args.cgroup_id,
+        image_digests=args.image_digest,
+    )
+
+
 def cmd_list(pb, stub, args):
-    resp = stub.List(pb.ListRequest(), timeout=args.timeout)
+    resp = stub.List(pb.ListRequest(filter=filter_of(pb, args)), timeout=args.timeout)
     emit(revision=resp.revision, count=len(resp.containers))
     for c in resp.containers:
         emit(container=container_json(c))
@@ -91,7 +113,7 @@ def cmd_watch(pb, stub, args):
         snapshot = None  # None: not inside a snapshot
         try:
             # A Watch has no deadline: it runs as long as the agent does.
-            for ev in stub.Watch(pb.WatchRequest(since=since)):
+            for ev in stub.Watch(pb.WatchRequest(since=since, filter=filter_of(pb, args))):
                 kind = kinds.Name(ev.kind)
                 if kind == "SNAPSHOT":
                     snapshot = snapshot if snapshot is not None else {}
@@ -135,7 +157,7 @@ def cmd_gate(pb, stub, args):
     subscribe = pb.GateRequest(
         subscribe=pb.Subscribe(
             name=args.name,
-            filter=pb.Filter(runtimes=args.runtime),
+            filter=filter_of(pb, args),
             deadline_ms=args.deadline_ms,
             on_failure=pb.FAIL_OPEN,
         )
@@ -173,7 +195,7 @@ def cmd_gate(pb, stub, args):
                             )
                         )
                     )
-                emit(hold=hold.container.id, held=hold.held, allow=allow)
+                emit(hold=hold.container.id, held=hold.held, allow=allow, container=container_json(hold.container))
                 answered += 1
                 if args.holds and answered >= args.holds:
                     # Close our side after the decisions, which go first,
@@ -226,13 +248,26 @@ def main():
     p.add_argument("--proto-dir", default=DEFAULT_PROTO_DIR)
     p.add_argument("--timeout", type=float, default=10.0, help="deadline of unary calls (s)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="the containers now")
-    w = sub.add_parser("watch", help="every change, resumed on reconnect")
+
+    def filtered(parser):
+        """The filter flags, each repeatable."""
+        parser.add_argument("--runtime", action="append", default=[])
+        parser.add_argument("--namespace", action="append", default=[], help="Kubernetes namespace")
+        parser.add_argument(
+            "--workload", action="append", default=[], help="Kind/namespace/name, e.g. Deployment/shop/api"
+        )
+        parser.add_argument("--cgroup-id", action="append", type=int, default=[], help="what bpf_get_current_cgroup_id() returns")
+        parser.add_argument(
+            "--image-digest", action="append", default=[], help="repo@sha256:..., or sha256:... (also the image id)"
+        )
+        return parser
+
+    filtered(sub.add_parser("list", help="the containers now"))
+    w = filtered(sub.add_parser("watch", help="every change, resumed on reconnect"))
     w.add_argument("--since", type=int, default=0)
     w.add_argument("--until", help="stop after this container's ADDED")
-    g = sub.add_parser("gate", help="hold each start; allow all but --deny")
+    g = filtered(sub.add_parser("gate", help="hold each start; allow all but --deny"))
     g.add_argument("--name", default="python-example")
-    g.add_argument("--runtime", action="append", default=[])
     g.add_argument("--deny", action="append", default=[])
     g.add_argument("--deadline-ms", type=int, default=5000)
     g.add_argument("--holds", type=int, default=0, help="stop after N holds (0: never)")

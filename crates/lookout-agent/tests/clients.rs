@@ -80,7 +80,7 @@ impl Running {
         let mut child = cmd
             .stdout(Stdio::piped())
             .spawn()
-            .expect("spawn lookout_consumer.py");
+            .expect("spawn the consumer");
         let stdout: ChildStdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -104,7 +104,7 @@ impl Running {
             match self.lines.recv_timeout(left) {
                 Ok(v) if want(&v) => return v,
                 Ok(_) => {}
-                Err(_) => panic!("no {what} from the Python consumer within 30 s"),
+                Err(_) => panic!("no {what} from the consumer within 30 s"),
             }
         }
     }
@@ -120,16 +120,13 @@ impl Running {
                 if let Some(mut e) = child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
-                assert!(
-                    status.success(),
-                    "the Python consumer failed ({status}): {err}"
-                );
+                assert!(status.success(), "the consumer failed ({status}): {err}");
                 // The reader ends at the pipe's end.
                 return self.lines.iter().collect();
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the Python consumer did not end within 30 s"
+                "the consumer did not end within 30 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -458,4 +455,146 @@ fn the_generated_go_code_is_current() {
             "clients/go/lookoutv1/{file} is stale: regenerate it (clients/go/README.md)"
         );
     }
+}
+
+/// The inode of the cgroup v2 directory `pid` is in (what
+/// `bpf_get_current_cgroup_id()` returns in it): `/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on a hybrid node; `None` on a cgroup v1 node.
+fn cgroup_inode(pid: u64) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(Path::new)
+        .find(|r| r.join("cgroup.controllers").exists())?;
+    let dir = root.join(path.trim_start_matches('/'));
+    Some(std::fs::metadata(dir).ok()?.ino())
+}
+
+/// The `cgroup_id` of `id` in a consumer's JSON lines (`{"container": ...}`
+/// or an event's), which must be there.
+fn cgroup_id_in(lines: &[Value], id: &str) -> u64 {
+    let line = lines
+        .iter()
+        .find(|l| l["container"]["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {lines:?}"));
+    line["container"]["cgroup_id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cgroup_id: {line}"))
+}
+
+/// A runc container's cgroup id (the inode of its cgroup v2 directory)
+/// reaches the Python and the Go consumer alike, by List and by Watch, and
+/// a filter by it selects that container and one by another id does not.
+#[test]
+fn the_cgroup_id_reaches_python_and_go_and_selects_its_container() {
+    if !ready("cgroup_id_consumers") {
+        return;
+    }
+    let Some(py) = python("cgroup_id_consumers") else {
+        return;
+    };
+    for program in ["go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc"] {
+        if !lookout_testsupport::require_program("cgroup_id_consumers", program) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let go = build_go_consumer(d);
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    let socket = agent.socket();
+    let s = socket.to_str().expect("utf-8").to_owned();
+    let go_run = |args: &[&str]| {
+        let mut cmd = Command::new(&go);
+        cmd.args(["-socket", &s])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let b = d.join("b");
+    bundle::busybox(&b, &["true"], |_| {});
+
+    // The agent's own event says the cgroup id; it is the directory's inode.
+    let listed = id("cg-list");
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &listed]);
+    let added = agent.wait_event(&listed, "added", Duration::from_secs(10));
+    let cgroup_id = added["container"]["cgroup_id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cgroup_id in the agent's event: {added}"));
+    assert_ne!(cgroup_id, 0, "{added}");
+    let pid = added["container"]["pid"].as_u64().expect("pid");
+    if let Some(inode) = cgroup_inode(pid) {
+        assert_eq!(cgroup_id, inode, "the inode of its cgroup v2 directory");
+    }
+    let want = cgroup_id.to_string();
+    let other = (cgroup_id ^ 1).to_string();
+
+    // Python: listed with it; selected by it; not by another.
+    let all = lines_of(consumer(&py, socket, &["list"]));
+    assert_eq!(cgroup_id_in(&all, &listed), cgroup_id);
+    let by_id = lines_of(consumer(&py, socket, &["list", "--cgroup-id", &want]));
+    assert_eq!(by_id[0]["count"], 1, "{by_id:?}");
+    assert_eq!(cgroup_id_in(&by_id, &listed), cgroup_id);
+    let by_other = lines_of(consumer(&py, socket, &["list", "--cgroup-id", &other]));
+    assert!(
+        by_other
+            .iter()
+            .all(|l| l["container"]["id"] != listed.as_str()),
+        "a filter by {other} selected {listed} ({cgroup_id}): {by_other:?}"
+    );
+    // Go: the same.
+    let by_id = lines_of(go_run(&["list", "-cgroup-id", &want]));
+    assert_eq!(by_id[0]["count"], 1, "{by_id:?}");
+    assert_eq!(cgroup_id_in(&by_id, &listed), cgroup_id);
+    let by_other = lines_of(go_run(&["list", "-cgroup-id", &other]));
+    assert!(
+        by_other
+            .iter()
+            .all(|l| l["container"]["id"] != listed.as_str()),
+        "a filter by {other} selected {listed} ({cgroup_id}): {by_other:?}"
+    );
+    rt.cleanup(&listed);
+
+    // Watch: a container's ADDED says the cgroup id its List then says,
+    // to both consumers.
+    let watched = id("cg-watch");
+    let py_watch = Running::start(consumer(&py, socket, &["watch", "--until", &watched]));
+    let go_watch = Running::start(go_run(&["watch", "-until", &watched]));
+    for w in [&py_watch, &go_watch] {
+        w.wait("SNAPSHOT_END", |l| l["event"] == "SNAPSHOT_END");
+    }
+    rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &watched]);
+    let mut seen = Vec::new();
+    for w in [&py_watch, &go_watch] {
+        let added = w.wait("ADDED", |l| {
+            l["event"] == "ADDED" && l["container"]["id"] == watched.as_str()
+        });
+        seen.push(cgroup_id_in(std::slice::from_ref(&added), &watched));
+    }
+    py_watch.finish();
+    go_watch.finish();
+    let agents = agent.wait_event(&watched, "added", Duration::from_secs(10));
+    let watched_id = agents["container"]["cgroup_id"].as_u64().unwrap_or(0);
+    assert_ne!(watched_id, 0, "{agents}");
+    assert_eq!(seen, [watched_id, watched_id], "Python's and Go's ADDED");
+    if let Some(inode) = agents["container"]["pid"].as_u64().and_then(cgroup_inode) {
+        assert_eq!(watched_id, inode, "the inode of its cgroup v2 directory");
+    }
+    let listed = lines_of(consumer(&py, socket, &["list"]));
+    assert_eq!(
+        cgroup_id_in(&listed, &watched),
+        watched_id,
+        "List after Watch"
+    );
+    let listed = lines_of(go_run(&["list"]));
+    assert_eq!(
+        cgroup_id_in(&listed, &watched),
+        watched_id,
+        "List after Watch"
+    );
+    rt.cleanup(&watched);
 }

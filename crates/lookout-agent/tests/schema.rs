@@ -81,8 +81,46 @@ fn what_lookout_run_prints_matches_the_schema() {
             "{e}\ndoes not match the schema: {errors:?}"
         );
     }
+    // The kernel's fields of #55 are in `added`: every namespace (time
+    // since Linux 5.6), and the cgroup id where a cgroup v2 hierarchy is
+    // mounted (on a hybrid node too).
+    let added = events
+        .iter()
+        .find(|e| e["event"] == "added")
+        .expect("added");
+    let c = &added["container"];
+    for ns in ["mnt", "net", "pid", "user", "ipc", "uts", "cgroup"] {
+        assert!(
+            c["namespaces"][ns].as_u64().is_some_and(|i| i > 0),
+            "no {ns} namespace: {added}"
+        );
+    }
+    let cgroup2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join("cgroup.controllers").exists());
+    if cgroup2 {
+        assert!(
+            c["cgroup_id"].as_u64().is_some_and(|i| i > 0),
+            "no cgroup_id on a cgroup v2 node: {added}"
+        );
+        assert!(c.get("unresolved").is_none(), "{added}");
+    } else {
+        assert!(c["unresolved"]["cgroup_id"].is_string(), "{added}");
+    }
+    // A runc container in the host's user namespace has no id maps.
+    assert!(c.get("id_maps").is_none(), "{added}");
+
     // And the schema is not vacuous: a wrong type is refused.
     let mut bad = events[0].clone();
     bad["container"]["pid"] = Value::String("one".into());
     assert!(!validator.is_valid(&bad), "a string pid passed the schema");
+    for (field, wrong) in [
+        ("cgroup_id", Value::String("7301".into())),
+        ("kind", Value::String("daemon".into())),
+        ("unresolved", serde_json::json!({"cgroup_id": 1})),
+    ] {
+        let mut bad = events[0].clone();
+        bad["container"][field] = wrong;
+        assert!(!validator.is_valid(&bad), "a wrong {field} passed: {bad}");
+    }
 }

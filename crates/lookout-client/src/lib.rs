@@ -17,8 +17,18 @@
 //!   one [`HoldGuard`] per container start, answered with
 //!   [`HoldGuard::allow`] or [`HoldGuard::deny`]. A held guard dropped
 //!   unanswered allows the start (fail-open on drop).
-//! - [`Filter`] builds the filter the agent applies.
+//! - [`Filter`] builds the filter the agent applies: runtimes, Kubernetes
+//!   namespaces, pod labels, annotations, workloads, cgroup ids, image
+//!   digests.
 //! - [`proto`] is the generated `lookout.v1` code ([`proto::Container`], ...).
+//! - [`ContainerExt`] reads a `proto::Container`'s fields typed, with
+//!   "not known" as `None`: [`cgroup_id`](ContainerExt::cgroup_id) (the
+//!   key a BPF program sees), [`kind`](ContainerExt::kind) ([`ContainerKind`]),
+//!   [`workload_key`](ContainerExt::workload_key),
+//!   [`image_digest`](ContainerExt::image_digest), the eight
+//!   [`namespace_inodes`](ContainerExt::namespace_inodes), host ids through
+//!   [`host_uid`](ContainerExt::host_uid) / [`host_gid`](ContainerExt::host_gid),
+//!   and why a field is missing ([`unresolved`](ContainerExt::unresolved)).
 //!
 //! `Watcher` and `Gate` are read alike: an inherent `next()` (no import
 //! needed), or any [`futures::StreamExt`] / `tokio_stream::StreamExt`
@@ -32,7 +42,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use lookout_client::{Client, Event, Filter};
+//! use lookout_client::{Client, ContainerExt, Event, Filter};
 //!
 //! # async fn f() -> Result<(), lookout_client::Error> {
 //! let client = Client::connect(lookout_client::DEFAULT_SOCKET).await?;
@@ -40,7 +50,13 @@
 //! while let Some(event) = watcher.next().await {
 //!     match event? {
 //!         Event::Snapshot { containers, .. } => println!("{} running", containers.len()),
-//!         Event::Added { container, .. } => println!("+ {} pid {}", container.id, container.pid),
+//!         Event::Added { container, .. } => println!(
+//!             "+ {} pid {} cgroup {:?} workload {:?}",
+//!             container.id,
+//!             container.pid,
+//!             container.cgroup_id(),
+//!             container.workload_key(),
+//!         ),
 //!         Event::Removed { container, .. } => println!("- {}", container.id),
 //!         _ => {}
 //!     }
@@ -51,6 +67,7 @@
 
 mod client;
 mod connect;
+mod container;
 mod error;
 mod filter;
 mod gate;
@@ -60,6 +77,7 @@ mod watch;
 
 pub use client::Client;
 pub use connect::{ConnectOptions, DEFAULT_SOCKET};
+pub use container::{ContainerExt, ContainerKind, NamespaceInodes};
 pub use error::Error;
 pub use filter::Filter;
 pub use gate::{DROPPED_UNANSWERED, Gate, HoldGuard};

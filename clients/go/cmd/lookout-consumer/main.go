@@ -4,6 +4,11 @@
 //	sudo lookout-consumer list
 //	sudo lookout-consumer watch [-until ID]
 //	sudo lookout-consumer -socket /run/lookout/lookout.sock list
+//	sudo lookout-consumer list -workload Deployment/shop/api -cgroup-id 7301
+//
+// The filter flags (-runtime, -namespace, -workload, -cgroup-id,
+// -image-digest) are repeatable: any of one flag's values matches, and every
+// flag given must match.
 //
 // Each line printed is one JSON object.
 package main
@@ -15,6 +20,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,20 +39,72 @@ func emit(v map[string]interface{}) {
 	fmt.Println(string(b))
 }
 
+// known is nil for the wire's "not known" (0, ""), so that it prints as null.
+func known(v interface{}) interface{} {
+	switch x := v.(type) {
+	case uint64:
+		if x == 0 {
+			return nil
+		}
+	case string:
+		if x == "" {
+			return nil
+		}
+	}
+	return v
+}
+
 func container(c *lookoutv1.Container) map[string]interface{} {
 	k := c.GetKubernetes()
+	var workload interface{}
+	if w := k.GetWorkload(); w.GetKind() != "" {
+		workload = w.GetKind() + "/" + w.GetNamespace() + "/" + w.GetName()
+	}
 	return map[string]interface{}{
 		"id": c.GetId(), "runtime": c.GetRuntime(), "pid": c.GetPid(), "status": c.GetStatus(),
 		"namespace": k.GetNamespace(), "pod": k.GetPod(), "container": k.GetContainer(),
 		"name": c.GetName(), "image": c.GetImage(), "labels": c.GetLabels(),
+		"cgroup_id": known(c.GetCgroupId()), "kind": known(c.GetKind()), "workload": workload,
+		"image_digest": known(c.GetImageDigest()), "mnt_ns": known(c.GetNamespaces().GetMnt()),
+		"unresolved": c.GetUnresolved(),
 	}
 }
 
-func list(client lookoutv1.LookoutClient) error {
+// repeated is a flag that may be given more than once.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, ",") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
+
+// filterFlags adds the filter flags to fs; the function returned builds the
+// Filter once fs is parsed.
+func filterFlags(fs *flag.FlagSet) func() (*lookoutv1.Filter, error) {
+	var runtimes, namespaces, workloads, cgroupIDs, digests repeated
+	fs.Var(&runtimes, "runtime", "only this runtime (repeatable)")
+	fs.Var(&namespaces, "namespace", "only this Kubernetes namespace (repeatable)")
+	fs.Var(&workloads, "workload", "only this workload, Kind/namespace/name (repeatable)")
+	fs.Var(&cgroupIDs, "cgroup-id", "only this cgroup id, as bpf_get_current_cgroup_id() (repeatable)")
+	fs.Var(&digests, "image-digest", "only this image, repo@sha256:... or sha256:... (repeatable)")
+	return func() (*lookoutv1.Filter, error) {
+		f := &lookoutv1.Filter{
+			Runtimes: runtimes, Namespaces: namespaces, Workloads: workloads, ImageDigests: digests,
+		}
+		for _, s := range cgroupIDs {
+			id, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("-cgroup-id %q: %v", s, err)
+			}
+			f.CgroupIds = append(f.CgroupIds, id)
+		}
+		return f, nil
+	}
+}
+
+func list(client lookoutv1.LookoutClient, filter *lookoutv1.Filter) error {
 	// A List has a deadline; a Watch has none.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := client.List(ctx, &lookoutv1.ListRequest{})
+	resp, err := client.List(ctx, &lookoutv1.ListRequest{Filter: filter})
 	if err != nil {
 		return err
 	}
@@ -59,11 +118,11 @@ func list(client lookoutv1.LookoutClient) error {
 // watch passes on every change once, resuming from the last revision after a
 // dropped stream (an agent restart, or RESOURCE_EXHAUSTED for a consumer that
 // fell behind).
-func watch(client lookoutv1.LookoutClient, until string) error {
+func watch(client lookoutv1.LookoutClient, filter *lookoutv1.Filter, until string) error {
 	var since uint64
 	known := map[string]*lookoutv1.Container{}
 	for {
-		stream, err := client.Watch(context.Background(), &lookoutv1.WatchRequest{Since: since})
+		stream, err := client.Watch(context.Background(), &lookoutv1.WatchRequest{Since: since, Filter: filter})
 		if err != nil {
 			return err
 		}
@@ -127,7 +186,7 @@ func main() {
 	socket := flag.String("socket", "/run/lookout/lookout.sock", "the agent's consumer socket")
 	flag.Parse()
 	usage := func() {
-		fmt.Fprintln(os.Stderr, "usage: lookout-consumer [-socket PATH] list | watch [-until ID]")
+		fmt.Fprintln(os.Stderr, "usage: lookout-consumer [-socket PATH] list | watch [-until ID] [filter flags]")
 		os.Exit(2)
 	}
 	if flag.NArg() < 1 {
@@ -135,8 +194,14 @@ func main() {
 	}
 	cmd := flag.NewFlagSet(flag.Arg(0), flag.ExitOnError)
 	until := cmd.String("until", "", "watch: stop after this container's ADDED")
+	filterOf := filterFlags(cmd)
 	if (flag.Arg(0) != "list" && flag.Arg(0) != "watch") || cmd.Parse(flag.Args()[1:]) != nil || cmd.NArg() != 0 {
 		usage()
+	}
+	filter, err := filterOf()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lookout-consumer:", err)
+		os.Exit(2)
 	}
 	// A List of many annotated containers can pass gRPC's 4 MiB default.
 	conn, err := grpc.Dial("unix://"+*socket,
@@ -149,9 +214,9 @@ func main() {
 	defer conn.Close()
 	client := lookoutv1.NewLookoutClient(conn)
 	if flag.Arg(0) == "list" {
-		err = list(client)
+		err = list(client, filter)
 	} else {
-		err = watch(client, *until)
+		err = watch(client, filter, *until)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lookout-consumer:", err)

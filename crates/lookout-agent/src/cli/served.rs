@@ -20,6 +20,8 @@ struct Served {
     _dir: tempfile::TempDir,
     socket: PathBuf,
     hub: Arc<Hub>,
+    /// The hub's metrics.
+    registry: Registry,
     _health: Health,
 }
 
@@ -27,10 +29,8 @@ impl Served {
     fn start() -> Served {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("lookout.sock");
-        let hub = Hub::new(
-            HubConfig::default(),
-            HubMetrics::register(&mut Registry::default()),
-        );
+        let mut registry = Registry::default();
+        let hub = Hub::new(HubConfig::default(), HubMetrics::register(&mut registry));
         let listener = crate::grpc::bind(&socket, None).expect("bind the socket");
         let health = crate::grpc::spawn(
             listener,
@@ -46,7 +46,26 @@ impl Served {
             _dir: dir,
             socket,
             hub,
+            registry,
             _health: health,
+        }
+    }
+
+    /// Waits (ten seconds at most) until `n` gate subscribers are connected.
+    async fn wait_for_subscribers(&self, n: u64) {
+        let want = format!("gate_subscribers {n}\n");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("metrics");
+            if text.contains(&want) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not {n} gate subscribers within 10 s:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -55,6 +74,18 @@ impl Served {
     }
 
     fn add(&self, id: &str, runtime: RuntimeKind, namespace: &str, pod: &str) {
+        self.add_with(id, runtime, namespace, pod, |_| {});
+    }
+
+    /// [`Served::add`], with more set on the container by `more`.
+    fn add_with(
+        &self,
+        id: &str,
+        runtime: RuntimeKind,
+        namespace: &str,
+        pod: &str,
+        more: impl FnOnce(&mut Container),
+    ) {
         let mut container = Container::new(id, runtime);
         container.status = Status::Created;
         container.pid = Some(4242);
@@ -63,6 +94,7 @@ impl Served {
         kubernetes.pod = Some(pod.into());
         kubernetes.container = Some("main".into());
         container.kubernetes = Some(kubernetes);
+        more(&mut container);
         self.emit(ContainerEvent::added(Source::RuntimeHook, container));
     }
 
@@ -99,9 +131,12 @@ async fn get_lists_the_agents_containers() {
         let socket = agent.socket.clone();
         async move {
             let mut out = Vec::new();
-            within("lookout get", write_get(&socket, output, &mut out))
-                .await
-                .expect("lookout get");
+            within(
+                "lookout get",
+                write_get(&socket, output, Filter::all(), &mut out),
+            )
+            .await
+            .expect("lookout get");
             String::from_utf8(out).expect("UTF-8")
         }
     };
@@ -212,4 +247,220 @@ async fn watch_prints_events_until_stdout_closes() {
              {removed} REMOVED a runc default/web 4242 exit=137\n"
         )
     );
+}
+
+/// The filter flags, as `lookout get`, `watch` and `gate` take them.
+#[derive(clap::Parser)]
+struct Flags {
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+/// A pod's container as the agent knows it once the pod watch resolved
+/// it: a Deployment's, in its cgroup, with its image's digest.
+fn deployed(c: &mut Container, deployment: &str, cgroup_id: u64, digest: &str) {
+    let mut workload = lookout_model::Workload::default();
+    workload.kind = "Deployment".into();
+    workload.namespace = "shop".into();
+    workload.name = deployment.into();
+    workload.api_version = "apps/v1".into();
+    if let Some(k) = c.kubernetes.as_mut() {
+        k.workload = Some(workload);
+    }
+    c.cgroup_id = Some(cgroup_id);
+    c.kind = Some(lookout_model::ContainerKind::Regular);
+    c.image_digest = Some(digest.into());
+}
+
+#[tokio::test]
+async fn get_and_watch_select_by_workload_cgroup_id_and_image_digest() {
+    let agent = Served::start();
+    let (api, web) = (
+        "registry.example/api@sha256:aaaa",
+        "registry.example/web@sha256:bbbb",
+    );
+    agent.add_with("api", RuntimeKind::Runc, "shop", "api-1", |c| {
+        deployed(c, "api", 7001, api)
+    });
+    agent.add_with("web", RuntimeKind::Runc, "shop", "web-1", |c| {
+        deployed(c, "web", 7002, web)
+    });
+    // Knows none of the three: matches none of them.
+    agent.add("bare", RuntimeKind::Crun, "shop", "bare");
+    let flags = |args: &[&str]| {
+        let mut argv = vec!["lookout"];
+        argv.extend_from_slice(args);
+        <Flags as clap::Parser>::try_parse_from(argv)
+            .expect("valid flags")
+            .filter
+    };
+    let get = |filter: FilterArgs| {
+        let socket = agent.socket.clone();
+        async move {
+            let mut out = Vec::new();
+            within(
+                "lookout get",
+                write_get(&socket, GetOutput::Json, filter.to_filter(), &mut out),
+            )
+            .await
+            .expect("lookout get");
+            let json: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+            json["containers"]
+                .as_array()
+                .expect("containers")
+                .iter()
+                .map(|c| c["id"].as_str().expect("id").to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    for (args, ids) in [
+        (&["--workload", "Deployment/shop/api"][..], &["api"][..]),
+        (
+            &[
+                "--workload",
+                "Deployment/shop/api",
+                "--workload",
+                "Deployment/shop/web",
+            ],
+            &["api", "web"],
+        ),
+        (&["--workload", "ReplicaSet/shop/api"], &[]),
+        (&["--cgroup-id", "7002"], &["web"]),
+        (&["--cgroup-id", "7003"], &[]),
+        (&["--image-digest", api], &["api"]),
+        // The sha256: part alone.
+        (&["--image-digest", "sha256:bbbb"], &["web"]),
+        // Every flag given must match.
+        (&["--cgroup-id", "7001", "--image-digest", web], &[]),
+        (&["--namespace", "shop", "--runtime", "crun"], &["bare"]),
+        (&[], &["api", "bare", "web"]),
+    ] {
+        let mut got = get(flags(args)).await;
+        got.sort();
+        assert_eq!(got, ids, "lookout get {args:?}");
+    }
+    // The JSON carries the new fields, the table's wide form too.
+    let mut out = Vec::new();
+    within(
+        "lookout get",
+        write_get(
+            &agent.socket,
+            GetOutput::Json,
+            flags(&["--cgroup-id", "7001"]).to_filter(),
+            &mut out,
+        ),
+    )
+    .await
+    .expect("lookout get");
+    let json: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+    let c = &json["containers"][0];
+    assert_eq!(c["cgroup_id"], 7001, "{c}");
+    assert_eq!(c["kind"], "regular", "{c}");
+    assert_eq!(c["image_digest"], api, "{c}");
+    assert_eq!(c["kubernetes"]["workload"]["kind"], "Deployment", "{c}");
+    assert_eq!(c["kubernetes"]["workload"]["api_version"], "apps/v1", "{c}");
+
+    // A watch by cgroup id: the snapshot and the changes of that container only.
+    let client = Client::connect_with(&agent.socket, ConnectOptions::new())
+        .await
+        .expect("connect");
+    let filter = flags(&["--cgroup-id", "7002", "--cgroup-id", "7004"]).to_filter();
+    let watcher = client.watch(filter).await.expect("watch");
+    let snapshot = agent.revision();
+    agent.add_with("other", RuntimeKind::Runc, "shop", "other-1", |c| {
+        deployed(c, "other", 7005, api)
+    });
+    agent.add_with("web2", RuntimeKind::Runc, "shop", "web-2", |c| {
+        deployed(c, "web", 7004, web)
+    });
+    agent.remove("other", 0);
+    // Its write finds the pipe closed.
+    agent.remove("web2", 0);
+    let mut out = Head {
+        text: String::new(),
+        lines: 3,
+    };
+    within(
+        "lookout watch to stop",
+        print_events(watcher, WatchOutput::Text, &mut out),
+    )
+    .await
+    .expect("a closed pipe is not an error");
+    assert_eq!(
+        out.text,
+        format!(
+            "{snapshot} SNAPSHOT web runc shop/web-1 4242 kind=regular workload=Deployment/shop/web cgroup_id=7002 digest={web}\n\
+             {snapshot} SNAPSHOT_END 1\n\
+             {} ADDED web2 runc shop/web-2 4242 kind=regular workload=Deployment/shop/web cgroup_id=7004 digest={web}\n",
+            snapshot + 2
+        )
+    );
+}
+
+/// Each `write` of the CLI (one line) sent on a channel.
+struct Lines(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .send(String::from_utf8_lossy(buf).into_owned())
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn gate_holds_only_the_starts_its_cgroup_id_filter_selects() {
+    use lookout_model::{StartBarrier, StartDecision};
+
+    let agent = Served::start();
+    let client = Client::connect_with(&agent.socket, ConnectOptions::new())
+        .await
+        .expect("connect");
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let opts = GateOptions {
+        name: "cli-filter".into(),
+        deadline: Duration::from_secs(10),
+        fail_closed: false,
+        hold: Duration::ZERO,
+        deny: Some("not this one".into()),
+        output: WatchOutput::Json,
+    };
+    let filter = Filter::all().cgroup_id(7002);
+    let gate = tokio::spawn(async move {
+        let mut out = Lines(tx);
+        answer_holds(&client, opts, filter, &mut out).await
+    });
+    agent.wait_for_subscribers(1).await;
+    let barrier = crate::hub::GateBarrier(Arc::clone(&agent.hub));
+    agent.add_with("api", RuntimeKind::Runc, "shop", "api-1", |c| {
+        deployed(c, "api", 7001, "registry.example/api@sha256:aaaa")
+    });
+    agent.add_with("web", RuntimeKind::Runc, "shop", "web-1", |c| {
+        deployed(c, "web", 7002, "registry.example/web@sha256:bbbb")
+    });
+    assert!(
+        barrier.wait("api").is_none(),
+        "another cgroup's start is not held"
+    );
+    let wait = barrier.wait("web").expect("its cgroup's start is held");
+    assert_eq!(
+        within("the gate's answer", wait).await,
+        StartDecision::Deny("denied by gate cli-filter: not this one".into())
+    );
+    let line = within("the hold's line", lines.recv())
+        .await
+        .expect("a line");
+    let hold: serde_json::Value = serde_json::from_str(&line).expect("valid JSON");
+    assert_eq!(hold["id"], "web", "{hold}");
+    assert_eq!(hold["held"], true, "{hold}");
+    assert_eq!(hold["cgroup_id"], 7002, "{hold}");
+    assert_eq!(hold["workload"], "Deployment/shop/web", "{hold}");
+    assert_eq!(hold["kind"], "regular", "{hold}");
+    assert!(lines.try_recv().is_err(), "one hold only");
+    gate.abort();
 }
