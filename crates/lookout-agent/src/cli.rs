@@ -69,12 +69,6 @@ pub struct FilterArgs {
     pub image_digests: Vec<String>,
 }
 
-// N.B. until lib.rs flattens FilterArgs into GetArgs, WatchArgs and
-// GateArgs and calls `get_matching` and its kin, only the tests use it.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "wired into the commands by lib.rs's next change")
-)]
 impl FilterArgs {
     /// The filter the agent is asked to apply.
     pub fn to_filter(&self) -> Filter {
@@ -131,17 +125,12 @@ fn connect_options() -> ConnectOptions {
     ConnectOptions::new().retry_for(Duration::from_secs(2))
 }
 
-/// `lookout get`: lists the node's containers once.
-pub async fn get(socket: &Path, output: GetOutput) -> anyhow::Result<()> {
-    get_matching(socket, output, Filter::all()).await
-}
-
-/// [`get`], of the containers `filter` matches.
-pub async fn get_matching(socket: &Path, output: GetOutput, filter: Filter) -> anyhow::Result<()> {
+/// `lookout get`: lists the containers `filter` matches once.
+pub async fn get(socket: &Path, output: GetOutput, filter: Filter) -> anyhow::Result<()> {
     write_get(socket, output, filter, &mut io::stdout()).await
 }
 
-/// [`get_matching`], writing to `out`.
+/// [`get`], writing to `out`.
 pub(crate) async fn write_get(
     socket: &Path,
     output: GetOutput,
@@ -154,15 +143,11 @@ pub(crate) async fn write_get(
     ignore_closed_pipe(out.write_all(text.as_bytes()).and_then(|()| out.flush()))
 }
 
-/// `lookout watch`: prints every change after `since` (0: the containers
-/// now first, as `SNAPSHOT` lines) until interrupted or stdout closes.
-/// Survives agent restarts (see `lookout_client::Watcher`).
-pub async fn watch(socket: &Path, output: WatchOutput, since: u64) -> anyhow::Result<()> {
-    watch_matching(socket, output, since, Filter::all()).await
-}
-
-/// [`watch`], of the containers `filter` matches.
-pub async fn watch_matching(
+/// `lookout watch`: prints every change after `since` of the containers
+/// `filter` matches (0: those now first, as `SNAPSHOT` lines) until
+/// interrupted or stdout closes. Survives agent restarts (see
+/// `lookout_client::Watcher`).
+pub async fn watch(
     socket: &Path,
     output: WatchOutput,
     since: u64,
@@ -221,16 +206,11 @@ pub struct GateOptions {
     pub output: WatchOutput,
 }
 
-/// `lookout gate`: subscribes to the agent's gate, prints each hold, and
-/// answers it after `hold` (each in its own task: one slow answer does not
-/// delay the next hold). Runs until the agent goes for good, or stdout
-/// closes.
-pub async fn gate(socket: &Path, opts: GateOptions) -> anyhow::Result<()> {
-    gate_matching(socket, opts, Filter::all()).await
-}
-
-/// [`gate`], holding the starts of the containers `filter` matches.
-pub async fn gate_matching(socket: &Path, opts: GateOptions, filter: Filter) -> anyhow::Result<()> {
+/// `lookout gate`: subscribes to the agent's gate for the containers
+/// `filter` matches, prints each hold, and answers it after `hold` (each
+/// in its own task: one slow answer does not delay the next hold). Runs
+/// until the agent goes for good, or stdout closes.
+pub async fn gate(socket: &Path, opts: GateOptions, filter: Filter) -> anyhow::Result<()> {
     let client = Client::connect_with(socket, connect_options()).await?;
     answer_holds(&client, opts, filter, &mut io::stdout()).await
 }

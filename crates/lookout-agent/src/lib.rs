@@ -119,6 +119,8 @@ struct GateArgs {
     /// text or json (one object per hold).
     #[arg(short, long, value_enum, default_value_t = cli::WatchOutput::Text)]
     output: cli::WatchOutput,
+    #[command(flatten)]
+    filter: cli::FilterArgs,
     /// The agent's socket.
     #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -129,6 +131,8 @@ struct GetArgs {
     /// table, wide (more columns) or json.
     #[arg(short, long, value_enum, default_value_t = cli::GetOutput::Table)]
     output: cli::GetOutput,
+    #[command(flatten)]
+    filter: cli::FilterArgs,
     /// The agent's socket.
     #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -142,6 +146,8 @@ struct WatchArgs {
     /// Start after this revision (0: the containers now, first).
     #[arg(long, default_value_t = 0)]
     since: u64,
+    #[command(flatten)]
+    filter: cli::FilterArgs,
     /// The agent's socket.
     #[arg(long, env = "LOOKOUT_SOCKET", default_value = lookout_client::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -291,8 +297,15 @@ pub fn cli_main() -> anyhow::Result<()> {
     match cli.command {
         Command::Probe(args) => probe(args),
         Command::Run(args) => run::run(*args, ebpf_object()),
-        Command::Get(a) => client_runtime()?.block_on(cli::get(&a.socket, a.output)),
-        Command::Watch(a) => client_runtime()?.block_on(cli::watch(&a.socket, a.output, a.since)),
+        Command::Get(a) => {
+            client_runtime()?.block_on(cli::get(&a.socket, a.output, a.filter.to_filter()))
+        }
+        Command::Watch(a) => client_runtime()?.block_on(cli::watch(
+            &a.socket,
+            a.output,
+            a.since,
+            a.filter.to_filter(),
+        )),
         Command::Gate(a) => client_runtime()?.block_on(cli::gate(
             &a.socket,
             cli::GateOptions {
@@ -303,6 +316,7 @@ pub fn cli_main() -> anyhow::Result<()> {
                 deny: a.deny,
                 output: a.output,
             },
+            a.filter.to_filter(),
         )),
     }
 }

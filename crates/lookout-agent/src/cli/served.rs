@@ -177,9 +177,9 @@ async fn get_watch_and_gate_say_when_the_agent_is_not_there() {
     };
     let (get, watch, gate) = within("lookout get, watch and gate to give up", async {
         tokio::join!(
-            super::get(&socket, GetOutput::Table),
-            super::watch(&socket, WatchOutput::Text, 0),
-            super::gate(&socket, gate_options),
+            super::get(&socket, GetOutput::Table, Filter::all()),
+            super::watch(&socket, WatchOutput::Text, 0, Filter::all()),
+            super::gate(&socket, gate_options, Filter::all()),
         )
     })
     .await;
