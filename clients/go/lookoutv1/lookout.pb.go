@@ -194,8 +194,9 @@ type Container struct {
 	// Not the OCI annotations.
 	Labels map[string]string `protobuf:"bytes,19,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
 	// The image by digest (repo@sha256:...), when known: the Pod's
-	// status.containerStatuses[].imageID, Docker's RepoDigests. It usually
-	// arrives in an UPDATED change (docs/events.md says when).
+	// status.containerStatuses[].imageID (Docker's containers carry
+	// image_id instead). It usually arrives in an UPDATED change
+	// (docs/events.md says when).
 	ImageDigest string `protobuf:"bytes,20,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
 	// The inode number of the container's cgroup v2 directory: what
 	// bpf_get_current_cgroup_id() returns for its processes (0: unknown;

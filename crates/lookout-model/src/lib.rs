@@ -477,7 +477,8 @@ pub struct Container {
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub labels: BTreeMap<String, String>,
     /// The image by digest, `repo@sha256:...`, when known (the Pod's
-    /// `status.containerStatuses[].imageID`, Docker's `RepoDigests`).
+    /// `status.containerStatuses[].imageID`). Docker's containers carry
+    /// their engine's `image_id` instead.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub image_digest: Option<String>,
     /// The inode number of the container's cgroup v2 directory: what
