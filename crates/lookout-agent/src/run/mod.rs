@@ -366,7 +366,9 @@ async fn run_async(
     let nri_barrier = std::sync::Arc::clone(&barrier);
     let index = crate::merge::IndexSlot::default();
     let mut backends = if args.mode == ModeArg::Nri {
-        Backends::nri_only()
+        let mut only = Backends::nri_only();
+        only.fallback = modes::fallback_informer(&args, &report, &mut kube).await;
+        only
     } else {
         Ladder {
             args: &args,
@@ -614,9 +616,11 @@ impl Runner<'_> {
                 stop_informer(&stop_tx, Some(task)).await;
             }
             Primary::NriOnly => {
+                let side = fallback.map(|i| spawn_informer(i, sink.clone()));
                 ready(&clock);
                 tracing::info!("ready");
                 stopped.await;
+                stop_informer(&stop_tx, side).await;
             }
             Primary::Scan => {
                 let side = fallback.map(|i| spawn_informer(i, sink.clone()));

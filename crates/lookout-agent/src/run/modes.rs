@@ -238,25 +238,10 @@ impl Ladder<'_> {
             (None, Some(i)) => Primary::Informer(i),
             (None, None) => Primary::Scan,
         };
-        // The fallback informer: on by default when a cluster is configured.
         let fallback = if matches!(primary, Primary::Informer(_)) {
             None
         } else {
-            let cluster = report.requirements(Mode::PodInformer);
-            match (args.fallback_informer, cluster) {
-                (Some(false), _) | (None, Err(_)) => None,
-                (Some(true), Err(why)) => {
-                    tracing::warn!("--fallback-informer: no cluster to watch: {why}");
-                    None
-                }
-                (_, Ok(())) => match start_informer(args, kube).await {
-                    Ok(i) => Some(i),
-                    Err(e) => {
-                        tracing::warn!("fallback informer not started: {e:#}");
-                        None
-                    }
-                },
-            }
+            fallback_informer(args, report, kube).await
         };
         Ok(Backends {
             primary,
@@ -264,6 +249,34 @@ impl Ladder<'_> {
             fallback,
             nri: None,
         })
+    }
+}
+
+/// The Pod informer beside a mode other than `podinformer`, `--mode nri`
+/// included: on by default when a cluster is configured. Its index gives
+/// every backend's containers what only the API server knows (the pod's
+/// labels, workload, the containers' kinds and image digests).
+pub(super) async fn fallback_informer(
+    args: &RunArgs,
+    report: &ProbeReport,
+    kube: &mut Kube,
+) -> Option<lookout_informer::Informer> {
+    match (
+        args.fallback_informer,
+        report.requirements(Mode::PodInformer),
+    ) {
+        (Some(false), _) | (None, Err(_)) => None,
+        (Some(true), Err(why)) => {
+            tracing::warn!("--fallback-informer: no cluster to watch: {why}");
+            None
+        }
+        (_, Ok(())) => match start_informer(args, kube).await {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::warn!("fallback informer not started: {e:#}");
+                None
+            }
+        },
     }
 }
 
