@@ -274,9 +274,7 @@ impl Resolver {
         };
         match got {
             Err(_) => (
-                Err(format!(
-                    "reading {what}: no answer within {READ_TIMEOUT:?}"
-                )),
+                Err(format!("reading {what}: no answer within {READ_TIMEOUT:?}")),
                 FAILED_TTL,
             ),
             Ok(Ok(meta)) => {
@@ -328,7 +326,10 @@ fn unresolved(workload: Option<Workload>, why: String) -> Resolved {
 /// The one controller reference in `refs`, checked; `Ok(None)` for none.
 /// The `Err` is a reason, `"controller reference ..."`.
 fn controller_of(refs: Option<&[OwnerReference]>) -> Result<Option<Owner>, String> {
-    let mut controllers = refs.into_iter().flatten().filter(|r| r.controller == Some(true));
+    let mut controllers = refs
+        .into_iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true));
     let Some(r) = controllers.next() else {
         return Ok(None);
     };
@@ -414,11 +415,16 @@ mod tests {
             r("ReplicaSet", "web-7d9", Some(true)),
         ]));
         assert_eq!(one.ok().flatten().map(|o| o.name), Some("web-7d9".into()));
-        assert!(
-            controller_of(Some(&[r("A", "a", Some(true)), r("B", "b", Some(true))])).is_err()
-        );
+        assert!(controller_of(Some(&[r("A", "a", Some(true)), r("B", "b", Some(true))])).is_err());
         // From a hostile API server: names that would walk the URL path.
-        for name in ["", "../../api/v1/secrets", "a/b", "A", "-a", &"a".repeat(254)] {
+        for name in [
+            "",
+            "../../api/v1/secrets",
+            "a/b",
+            "A",
+            "-a",
+            &"a".repeat(254),
+        ] {
             assert!(
                 controller_of(Some(&[r("ReplicaSet", name, Some(true))])).is_err(),
                 "{name:?}"
