@@ -93,8 +93,7 @@ impl Filter {
                 }))
             && (self.cgroup_ids.is_empty()
                 || c.cgroup_id.is_some_and(|id| self.cgroup_ids.contains(&id)))
-            && (self.image_digests.is_empty()
-                || self.image_digests.iter().any(|d| image_is(c, d)))
+            && (self.image_digests.is_empty() || self.image_digests.iter().any(|d| image_is(c, d)))
     }
 }
 
@@ -111,10 +110,7 @@ fn workload_is(w: &lookout_model::Workload, want: &str) -> bool {
 /// `sha256:...` after its `@`, or its `image_id`.
 fn image_is(c: &Container, digest: &str) -> bool {
     let by_digest = c.image_digest.as_deref().is_some_and(|have| {
-        have == digest
-            || have
-                .rsplit_once('@')
-                .is_some_and(|(_, sha)| sha == digest)
+        have == digest || have.rsplit_once('@').is_some_and(|(_, sha)| sha == digest)
     });
     by_digest || c.image_id.as_deref() == Some(digest)
 }

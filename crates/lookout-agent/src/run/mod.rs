@@ -129,7 +129,9 @@ pub(crate) fn run_with(
     // Cgroup ids (what consumers' BPF programs key by) are the inodes of
     // the host's cgroup v2 directories, under the host root.
     match lookout_host::kernel::find_cgroup2_root(&args.host_root) {
-        Ok(root) => tracing::info!(root = %root.display(), "cgroup ids are read under this cgroup v2 root"),
+        Ok(root) => {
+            tracing::info!(root = %root.display(), "cgroup ids are read under this cgroup v2 root")
+        }
         Err(why) => tracing::warn!(why, "containers are reported without cgroup ids"),
     }
     let rt = tokio::runtime::Builder::new_current_thread()
