@@ -273,7 +273,10 @@ fn the_cluster_role_allows_exactly_what_the_agent_does() {
             assert!(!allows(group, resource, verb), "{resource} {verb}");
         }
     }
-    assert!(!allows("apps", "deployments", "get"), "no other owners read");
+    assert!(
+        !allows("apps", "deployments", "get"),
+        "no other owners read"
+    );
     assert!(
         !allows("", "events", "create"),
         "events only through events.k8s.io"

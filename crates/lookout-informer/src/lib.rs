@@ -364,6 +364,26 @@ impl Index {
     }
 }
 
+/// The informer's reduction of a pod's owners and spec, for `cargo fuzz`
+/// (fuzz/fuzz_targets/pod_reduction.rs).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use k8s_openapi::api::core::v1::Pod;
+    use lookout_model::ContainerKind;
+
+    /// The pod's controller reference as checked: `(apiVersion, kind,
+    /// name, uid)`, or why it is refused.
+    pub fn controller(pod: &Pod) -> Result<Option<[String; 4]>, String> {
+        crate::workload::controller_for_fuzzing(pod)
+    }
+
+    /// The kinds the index keeps by container name.
+    pub fn kinds(pod: &Pod) -> Vec<(String, ContainerKind)> {
+        crate::PodInfo::of(pod, crate::workload::Resolved::default()).kinds
+    }
+}
+
 /// The Pod informer. See the crate docs.
 #[derive(Clone)]
 pub struct Informer {

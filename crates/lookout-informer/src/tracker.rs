@@ -73,6 +73,7 @@ fn pod_key(pod: &Pod) -> String {
 /// assert_eq!(id, None);
 /// assert_eq!(parse_image_id(&format!("sha256:{hex}")).1, Some(format!("sha256:{hex}")));
 /// assert_eq!(parse_image_id(""), (None, None));
+/// assert_eq!(parse_image_id(&format!("x://nginx@sha256:{hex}")), (None, None));
 /// ```
 pub fn parse_image_id(s: &str) -> (Option<String>, Option<String>) {
     let s = ["docker-pullable://", "docker://"]
@@ -86,8 +87,15 @@ pub fn parse_image_id(s: &str) -> (Option<String>, Option<String>) {
     if s.len() > 1024 || !s.bytes().all(|b| b.is_ascii_graphic()) {
         return (None, None);
     }
+    // A repository: `[host[:port]/]path`, nothing a URL or a shell adds.
+    let repo_ok = |r: &str| {
+        !r.is_empty()
+            && !r.contains("://")
+            && r.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-/:".contains(&b))
+    };
     match s.rsplit_once('@') {
-        Some((repo, digest)) if !repo.is_empty() && sha(digest) => (Some(s.to_owned()), None),
+        Some((repo, digest)) if repo_ok(repo) && sha(digest) => (Some(s.to_owned()), None),
         Some(_) => (None, None),
         None if sha(s) => (None, Some(s.to_owned())),
         None => (None, None),

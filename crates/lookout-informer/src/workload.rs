@@ -357,6 +357,12 @@ fn controller_of(refs: Option<&[OwnerReference]>) -> Result<Option<Owner>, Strin
     }))
 }
 
+#[cfg(fuzzing)]
+pub(crate) fn controller_for_fuzzing(pod: &Pod) -> Result<Option<[String; 4]>, String> {
+    let o = controller_of(pod.metadata.owner_references.as_deref())?;
+    Ok(o.map(|o| [o.api_version, o.kind, o.name, o.uid]))
+}
+
 /// A DNS subdomain (what ReplicaSet, Job and namespace names are): it
 /// becomes a URL path segment.
 fn name_ok(s: &str) -> bool {
