@@ -19,7 +19,16 @@
 //! namespaces and cgroups like the runtime hook's.
 //!
 //! Only the fields used are kept in memory: each Pod is reduced to its
-//! running containers' identity as it arrives.
+//! running containers' identity (with each one's kind and image digest,
+//! [`parse_image_id`]) as it arrives, and to its labels, its workload and
+//! its containers' kinds by name.
+//!
+//! Each pod's workload is the controller at the top of its owner chain
+//! (Pod → ReplicaSet → Deployment, Pod → Job → CronJob), read with
+//! metadata-only GETs of ReplicaSets and Jobs (RBAC: `get` on
+//! `replicasets` in `apps` and `jobs` in `batch`); what cannot be read
+//! leaves the deepest owner known and the reason in the container's
+//! `unresolved["kubernetes.workload"]`.
 //!
 //! [`Index`] answers "which pod is container X / pod uid Y" for enriching
 //! containers found by other backends.

@@ -44,8 +44,9 @@ pub(crate) const FOUND_TTL: Duration = Duration::from_secs(600);
 /// How long a failed read (404, timeout, 5xx) is not retried: a later pod
 /// event after that reads again.
 pub(crate) const FAILED_TTL: Duration = Duration::from_secs(10);
-/// How long a 403 is not retried (until the ClusterRole is fixed).
-pub(crate) const FORBIDDEN_TTL: Duration = Duration::from_secs(300);
+/// How long a 403 is not retried: a ClusterRole fixed in place is
+/// noticed within a minute, without a read per pod event meanwhile.
+pub(crate) const FORBIDDEN_TTL: Duration = Duration::from_secs(60);
 /// Cached owners at most. When full, expired entries go; if none had
 /// expired, the whole cache is emptied (the next pods read their owners
 /// again: a node with 4096 live ReplicaSets and Jobs is far past the pod
