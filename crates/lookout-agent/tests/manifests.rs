@@ -265,6 +265,18 @@ fn the_cluster_role_allows_exactly_what_the_agent_does() {
     for verb in ["create", "patch"] {
         assert!(allows("events.k8s.io", "events", verb), "events {verb}");
     }
+    // Workloads: one owner read each, nothing listed or watched.
+    assert!(allows("apps", "replicasets", "get"), "replicasets get");
+    assert!(allows("batch", "jobs", "get"), "jobs get");
+    for (group, resource) in [("apps", "replicasets"), ("batch", "jobs")] {
+        for verb in ["list", "watch"] {
+            assert!(!allows(group, resource, verb), "{resource} {verb}");
+        }
+    }
+    assert!(
+        !allows("apps", "deployments", "get"),
+        "no other owners read"
+    );
     assert!(
         !allows("", "events", "create"),
         "events only through events.k8s.io"

@@ -19,7 +19,16 @@
 //! namespaces and cgroups like the runtime hook's.
 //!
 //! Only the fields used are kept in memory: each Pod is reduced to its
-//! running containers' identity as it arrives.
+//! running containers' identity (with each one's kind and image digest,
+//! [`parse_image_id`]) as it arrives, and to its labels, its workload and
+//! its containers' kinds by name.
+//!
+//! Each pod's workload is the controller at the top of its owner chain
+//! (Pod → ReplicaSet → Deployment, Pod → Job → CronJob), read with
+//! metadata-only GETs of ReplicaSets and Jobs (RBAC: `get` on
+//! `replicasets` in `apps` and `jobs` in `batch`); what cannot be read
+//! leaves the deepest owner known and the reason in the container's
+//! `unresolved["kubernetes.workload"]`.
 //!
 //! [`Index`] answers "which pod is container X / pod uid Y" for enriching
 //! containers found by other backends.
@@ -37,6 +46,7 @@
 
 mod pids;
 mod tracker;
+mod workload;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -46,10 +56,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use lookout_model::{Container, ContainerEvent, Kubernetes, Sink, Source};
+use lookout_model::{Container, ContainerEvent, ContainerKind, Kubernetes, Sink, Source, Workload};
 
 pub use pids::{container_id_from_cgroup, find_pids};
-pub use tracker::{Change, Tracker, parse_container_id};
+pub use tracker::{Change, Tracker, parse_container_id, parse_image_id};
 
 /// Errors of the informer's setup. (Once running, API errors are logged and
 /// retried with backoff; they never end the informer.)
@@ -123,10 +133,104 @@ impl Config {
     }
 }
 
+/// What the index keeps of a container the informer saw running: only
+/// what enrichment hands out (labels and workload are the pod's).
+#[derive(Debug)]
+struct Seen {
+    kubernetes: Kubernetes,
+    kind: Option<ContainerKind>,
+    image_digest: Option<String>,
+    image_id: Option<String>,
+}
+
+/// What the index keeps of a pod: only what enrichment hands out.
+#[derive(Debug, Default)]
+struct PodInfo {
+    labels: BTreeMap<String, String>,
+    workload: Option<Workload>,
+    /// Why `workload` is not the top of the owner chain, or absent.
+    workload_unresolved: Option<String>,
+    /// Each container's kind by name, from the spec.
+    kinds: Vec<(String, ContainerKind)>,
+}
+
+impl PodInfo {
+    fn of(pod: &Pod, resolved: workload::Resolved) -> PodInfo {
+        let mut kinds = Vec::new();
+        if let Some(spec) = &pod.spec {
+            let names = |kind, names: &mut dyn Iterator<Item = &String>| {
+                names.map(move |n| (n.clone(), kind)).collect::<Vec<_>>()
+            };
+            kinds.extend(names(
+                ContainerKind::Init,
+                &mut spec.init_containers.iter().flatten().map(|c| &c.name),
+            ));
+            kinds.extend(names(
+                ContainerKind::Regular,
+                &mut spec.containers.iter().map(|c| &c.name),
+            ));
+            kinds.extend(names(
+                ContainerKind::Ephemeral,
+                &mut spec.ephemeral_containers.iter().flatten().map(|c| &c.name),
+            ));
+        }
+        PodInfo {
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            workload: resolved.workload,
+            workload_unresolved: resolved.unresolved,
+            kinds,
+        }
+    }
+
+    fn kind_of(&self, container: &str) -> Option<ContainerKind> {
+        self.kinds
+            .iter()
+            .find_map(|(n, k)| (n == container).then_some(*k))
+    }
+}
+
 #[derive(Debug, Default)]
 struct IndexInner {
-    by_id: HashMap<String, Kubernetes>,
-    labels_by_uid: HashMap<String, BTreeMap<String, String>>,
+    by_id: HashMap<String, Seen>,
+    pods: HashMap<String, PodInfo>,
+}
+
+/// What [`Index::enrichment`] would add to a container: build it with
+/// the index's lock held for a moment, apply it (to a copy of a shared
+/// record, only when there is one) without.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct Enrichment {
+    kubernetes: Option<Kubernetes>,
+    kind: Option<ContainerKind>,
+    image_digest: Option<String>,
+    image_id: Option<String>,
+    workload_unresolved: Option<String>,
+}
+
+impl Enrichment {
+    /// Sets what the index knows and `c` lacked.
+    pub fn apply(self, c: &mut Container) {
+        if let Some(k) = self.kubernetes {
+            c.kubernetes = Some(k);
+        }
+        if let Some(kind) = self.kind {
+            c.kind = Some(kind);
+        }
+        if let Some(d) = self.image_digest {
+            c.image_digest = Some(d);
+        }
+        if let Some(i) = self.image_id {
+            c.image_id = Some(i);
+        }
+        if let Some(why) = self.workload_unresolved {
+            c.set_unresolved(workload::FIELD, why);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Enrichment::default()
+    }
 }
 
 /// What the informer knows, for enriching containers found elsewhere.
@@ -137,57 +241,102 @@ pub struct Index {
 }
 
 impl Index {
-    /// Fills in `c.kubernetes` from the informer: by container id, or, when
-    /// CRI annotations already named the pod, the pod's labels by uid (a
-    /// container reported at `create` is not in any pod status yet, but
-    /// its pod is).
+    /// Fills in what the informer knows and `c` lacks (see
+    /// [`enrichment`](Self::enrichment)).
     pub fn enrich(&self, c: &mut Container) {
-        if let Some(k) = self.enriched(c) {
-            c.kubernetes = Some(k);
+        if let Some(e) = self.enrichment(c) {
+            e.apply(c);
         }
     }
 
-    /// What [`enrich`](Self::enrich) would set `c.kubernetes` to, or
-    /// `None` when it would change nothing: a container record that is
-    /// shared (`Arc`) is then copied only when it must be.
-    pub fn enriched(&self, c: &Container) -> Option<Kubernetes> {
+    /// What [`enrich`](Self::enrich) would set, or `None` when it would
+    /// change nothing: a container record that is shared (`Arc`) is then
+    /// copied only when it must be.
+    ///
+    /// By container id (a container the informer saw running): its
+    /// Kubernetes identity, kind, and the image digest or id of its
+    /// status. By pod uid (from the id, or from the CRI annotations of a
+    /// container reported at `create`, before any pod status names it):
+    /// the pod's labels and workload (with
+    /// `unresolved["kubernetes.workload"]` when the owner chain could not
+    /// be climbed to its top), and the kind by container name from the
+    /// pod's spec. Never the image by name: a status names the image of
+    /// the container it describes, which may be an earlier one of that
+    /// name (a restart can run another digest). Only what `c` lacks is
+    /// set; a sandbox's kind stays `sandbox`.
+    pub fn enrichment(&self, c: &Container) -> Option<Enrichment> {
         let inner = self.inner.read().ok()?;
+        let mut e = Enrichment::default();
         let mut mine = c.kubernetes.clone();
-        if let Some(k) = inner.by_id.get(&c.id) {
+        let seen = inner.by_id.get(&c.id);
+        if let Some(s) = seen {
+            let k = &s.kubernetes;
             let m = mine.get_or_insert_with(Kubernetes::default);
             m.namespace = m.namespace.take().or_else(|| k.namespace.clone());
             m.pod = m.pod.take().or_else(|| k.pod.clone());
             m.pod_uid = m.pod_uid.take().or_else(|| k.pod_uid.clone());
             m.container = m.container.take().or_else(|| k.container.clone());
             m.image = m.image.take().or_else(|| k.image.clone());
+            if c.image_digest.is_none() {
+                e.image_digest.clone_from(&s.image_digest);
+            }
+            if c.image_id.is_none() {
+                e.image_id.clone_from(&s.image_id);
+            }
         }
-        if let Some(k) = mine.as_mut()
-            && k.labels.is_empty()
-            && let Some(labels) = k.pod_uid.as_ref().and_then(|u| inner.labels_by_uid.get(u))
-        {
-            k.labels = labels.clone();
+        let pod = mine
+            .as_ref()
+            .and_then(|k| k.pod_uid.as_ref())
+            .and_then(|u| inner.pods.get(u));
+        if let (Some(k), Some(p)) = (mine.as_mut(), pod) {
+            if k.labels.is_empty() {
+                k.labels.clone_from(&p.labels);
+            }
+            if k.workload.is_none() {
+                k.workload.clone_from(&p.workload);
+                if !c.unresolved.contains_key(workload::FIELD) {
+                    e.workload_unresolved.clone_from(&p.workload_unresolved);
+                }
+            }
         }
-        (mine != c.kubernetes).then_some(mine).flatten()
+        if c.kind.is_none() && !c.pod_sandbox {
+            e.kind = seen.and_then(|s| s.kind).or_else(|| {
+                let name = mine.as_ref()?.container.as_deref()?;
+                pod?.kind_of(name)
+            });
+        }
+        if mine != c.kubernetes {
+            e.kubernetes = mine;
+        }
+        (!e.is_empty()).then_some(e)
     }
 
-    /// The Kubernetes identity of container `id`, if the informer saw it.
+    /// The Kubernetes identity of container `id`, if the informer saw it
+    /// (with its pod's labels and workload).
     pub fn get(&self, id: &str) -> Option<Kubernetes> {
-        self.inner.read().ok()?.by_id.get(id).cloned()
+        let inner = self.inner.read().ok()?;
+        let mut k = inner.by_id.get(id)?.kubernetes.clone();
+        if let Some(p) = k.pod_uid.as_ref().and_then(|u| inner.pods.get(u)) {
+            k.labels.clone_from(&p.labels);
+            k.workload.clone_from(&p.workload);
+        }
+        Some(k)
     }
 
-    fn pod(&self, pod: &Pod, present: bool) {
-        let Ok(mut inner) = self.inner.write() else {
-            return;
-        };
+    fn pod(&self, pod: &Pod, resolved: Option<workload::Resolved>) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        if present {
-            inner
-                .labels_by_uid
-                .insert(uid, pod.metadata.labels.clone().unwrap_or_default());
-        } else {
-            inner.labels_by_uid.remove(&uid);
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
+        match resolved {
+            Some(r) => {
+                inner.pods.insert(uid, PodInfo::of(pod, r));
+            }
+            None => {
+                inner.pods.remove(&uid);
+            }
         }
     }
 
@@ -198,7 +347,17 @@ impl Index {
         match change {
             Change::Added(c) => {
                 if let Some(k) = &c.kubernetes {
-                    inner.by_id.insert(c.id.clone(), k.clone());
+                    let mut k = k.clone();
+                    // The pod's, kept once per pod.
+                    k.labels.clear();
+                    k.workload = None;
+                    let seen = Seen {
+                        kubernetes: k,
+                        kind: c.kind,
+                        image_digest: c.image_digest.clone(),
+                        image_id: c.image_id.clone(),
+                    };
+                    inner.by_id.insert(c.id.clone(), seen);
                 }
             }
             Change::Removed(c, _) => {
@@ -209,8 +368,28 @@ impl Index {
 
     fn clear_pods(&self) {
         if let Ok(mut inner) = self.inner.write() {
-            inner.labels_by_uid.clear();
+            inner.pods.clear();
         }
+    }
+}
+
+/// The informer's reduction of a pod's owners and spec, for `cargo fuzz`
+/// (fuzz/fuzz_targets/pod_reduction.rs).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use k8s_openapi::api::core::v1::Pod;
+    use lookout_model::ContainerKind;
+
+    /// The pod's controller reference as checked: `(apiVersion, kind,
+    /// name, uid)`, or why it is refused.
+    pub fn controller(pod: &Pod) -> Result<Option<[String; 4]>, String> {
+        crate::workload::controller_for_fuzzing(pod)
+    }
+
+    /// The kinds the index keeps by container name.
+    pub fn kinds(pod: &Pod) -> Vec<(String, ContainerKind)> {
+        crate::PodInfo::of(pod, crate::workload::Resolved::default()).kinds
     }
 }
 
@@ -260,6 +439,8 @@ impl Informer {
         tokio::pin!(stream);
         tokio::pin!(shutdown);
         let mut tracker = Tracker::new();
+        // Inline, bounded by its timeouts and cache: see workload.rs.
+        let mut resolver = workload::Resolver::new(self.client.clone());
         // Changes of a relist wait for its end, so that a single /proc scan
         // resolves all of their pids.
         let mut pending: Vec<Change> = Vec::new();
@@ -271,6 +452,16 @@ impl Informer {
                 ev = stream.next() => ev,
             };
             let Some(ev) = ev else { break };
+            // A shutdown does not wait for owner reads.
+            let resolved = match &ev {
+                Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        r = resolver.resolve(pod) => Some(r),
+                    }
+                }
+                _ => None,
+            };
             match ev {
                 Ok(watcher::Event::Init) => {
                     listing = true;
@@ -278,7 +469,7 @@ impl Informer {
                     self.index.clear_pods();
                 }
                 Ok(watcher::Event::InitApply(pod)) => {
-                    self.index.pod(&pod, true);
+                    self.index.pod(&pod, resolved);
                     tracker.apply(&pod, &mut pending);
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -294,11 +485,11 @@ impl Informer {
                     }
                 }
                 Ok(watcher::Event::Apply(pod)) => {
-                    self.index.pod(&pod, true);
+                    self.index.pod(&pod, resolved);
                     tracker.apply(&pod, &mut pending);
                 }
                 Ok(watcher::Event::Delete(pod)) => {
-                    self.index.pod(&pod, false);
+                    self.index.pod(&pod, None);
                     tracker.delete(&pod, &mut pending);
                 }
                 Err(e) => {
@@ -327,7 +518,12 @@ impl Informer {
             Some(root) => find_pids(root, &wanted),
             None => HashMap::new(),
         };
-        for change in changes.drain(..) {
+        for mut change in changes.drain(..) {
+            // The pod's labels and workload, which the tracker does not
+            // keep.
+            if let Change::Added(c) = &mut change {
+                self.index.enrich(c);
+            }
             self.index.change(&change);
             match change {
                 Change::Added(mut c) => {

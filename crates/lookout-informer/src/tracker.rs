@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use lookout_model::{Container, Kubernetes, RuntimeKind, Status};
+use lookout_model::{Container, ContainerKind, Kubernetes, RuntimeKind, Status};
 
 /// A change the tracker found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,17 +55,74 @@ fn pod_key(pod: &Pod) -> String {
     }
 }
 
-/// The statuses of every kind of container in a pod.
-fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
-    fn list(l: Option<&Vec<ContainerStatus>>) -> impl Iterator<Item = &ContainerStatus> {
-        l.into_iter().flatten()
+/// The image reference in a status's `imageID`: `(image_digest,
+/// image_id)`.
+///
+/// `repo@sha256:<hex>` (containerd, CRI-O; cri-dockerd's with a
+/// `docker-pullable://` prefix, which goes) is a digest; a bare
+/// `sha256:<hex>` (cri-dockerd's `docker://sha256:...` for an image
+/// without a repository digest) is an image id. Anything else, or
+/// anything over 1024 bytes or with characters no reference has, is
+/// neither: the API server is another party.
+///
+/// ```
+/// use lookout_informer::parse_image_id;
+/// let hex = "4c1e997385b8fb4ad4d1d3c7e5a8f5d8b2a1c0e9f8d7c6b5a4938271605f4e3d";
+/// let (digest, id) = parse_image_id(&format!("docker-pullable://nginx@sha256:{hex}"));
+/// assert_eq!(digest, Some(format!("nginx@sha256:{hex}")));
+/// assert_eq!(id, None);
+/// assert_eq!(parse_image_id(&format!("sha256:{hex}")).1, Some(format!("sha256:{hex}")));
+/// assert_eq!(parse_image_id(""), (None, None));
+/// assert_eq!(parse_image_id(&format!("x://nginx@sha256:{hex}")), (None, None));
+/// ```
+pub fn parse_image_id(s: &str) -> (Option<String>, Option<String>) {
+    let s = ["docker-pullable://", "docker://"]
+        .iter()
+        .find_map(|p| s.strip_prefix(p))
+        .unwrap_or(s);
+    let sha = |h: &str| {
+        h.strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if s.len() > 1024 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return (None, None);
+    }
+    // A repository: `[host[:port]/]path`, nothing a URL or a shell adds.
+    let repo_ok = |r: &str| {
+        !r.is_empty()
+            && !r.contains("://")
+            && r.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-/:".contains(&b))
+    };
+    match s.rsplit_once('@') {
+        Some((repo, digest)) if repo_ok(repo) && sha(digest) => (Some(s.to_owned()), None),
+        Some(_) => (None, None),
+        None if sha(s) => (None, Some(s.to_owned())),
+        None => (None, None),
+    }
+}
+
+/// The statuses of every kind of container in a pod, with their kind.
+fn statuses(pod: &Pod) -> impl Iterator<Item = (ContainerKind, &ContainerStatus)> {
+    fn list(
+        kind: ContainerKind,
+        l: Option<&Vec<ContainerStatus>>,
+    ) -> impl Iterator<Item = (ContainerKind, &ContainerStatus)> {
+        l.into_iter().flatten().map(move |s| (kind, s))
     }
     let s = pod.status.as_ref();
-    list(s.and_then(|s| s.init_container_statuses.as_ref()))
-        .chain(list(s.and_then(|s| s.container_statuses.as_ref())))
-        .chain(list(
-            s.and_then(|s| s.ephemeral_container_statuses.as_ref()),
-        ))
+    list(
+        ContainerKind::Init,
+        s.and_then(|s| s.init_container_statuses.as_ref()),
+    )
+    .chain(list(
+        ContainerKind::Regular,
+        s.and_then(|s| s.container_statuses.as_ref()),
+    ))
+    .chain(list(
+        ContainerKind::Ephemeral,
+        s.and_then(|s| s.ephemeral_container_statuses.as_ref()),
+    ))
 }
 
 /// Running containers of `pod`, and the exit codes of terminated ones by id.
@@ -74,7 +131,7 @@ fn observe(pod: &Pod) -> (HashMap<String, Container>, HashMap<String, i32>) {
     let labels: BTreeMap<String, String> = m.labels.clone().unwrap_or_default();
     let mut running = HashMap::new();
     let mut codes = HashMap::new();
-    for st in statuses(pod) {
+    for (kind, st) in statuses(pod) {
         let state = st.state.as_ref();
         for t in [
             state.and_then(|s| s.terminated.as_ref()),
@@ -96,6 +153,8 @@ fn observe(pod: &Pod) -> (HashMap<String, Container>, HashMap<String, i32>) {
         };
         let mut c = Container::new(id, runtime);
         c.status = Status::Running;
+        c.kind = Some(kind);
+        (c.image_digest, c.image_id) = parse_image_id(&st.image_id);
         c.kubernetes = Some({
             let mut k = Kubernetes::default();
             k.namespace = m.namespace.clone();
@@ -145,6 +204,7 @@ impl Tracker {
         for (id, c) in running {
             match entry.live.get_mut(&id) {
                 // Labels may change on a running pod: keep them current.
+                // (The image of a running container does not change.)
                 Some(known) => known.kubernetes = c.kubernetes,
                 None => {
                     entry.live.insert(id, c.clone());

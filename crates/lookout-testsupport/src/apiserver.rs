@@ -21,6 +21,7 @@
 //! - `POST`/`PATCH` of `events.k8s.io/v1` and core `v1` Events are
 //!   recorded ([`ApiServer::events`]) and echoed back.
 //! - [`ApiServer::fail_next`] makes the next requests fail with a 500.
+//! - Pods' owners: see [`objects`] ([`ApiServer::put_object`], [`ApiServer::forbid`]).
 //!
 //! The server runs on its own thread and tokio runtime, so sync and async
 //! tests can use it alike. [`ApiServer::kubeconfig`] writes a kubeconfig
@@ -39,6 +40,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
+
+pub mod objects;
+pub use objects::ObjectJson;
 
 /// One change in the server's history.
 #[derive(Debug, Clone)]
@@ -67,6 +71,7 @@ struct Inner {
     /// List snapshots for `continue`, by token.
     pages: HashMap<String, Vec<Value>>,
     events: Vec<Value>,
+    objects: objects::Objects,
     requests: Vec<String>,
     fail_next: u32,
     watches_opened: u32,
@@ -133,6 +138,7 @@ impl ApiServer {
                 "/api/v1/namespaces/{ns}/events/{name}",
                 axum::routing::patch(event_patch),
             )
+            .merge(objects::router())
             .fallback(not_found)
             .with_state(shared.clone());
         let thread = std::thread::Builder::new()
@@ -806,28 +812,6 @@ impl PodJson {
             "containerStatuses"
         };
         self.push(list, name, image, status);
-        self
-    }
-
-    /// Adds a running ephemeral (debug) container.
-    pub fn ephemeral(mut self, name: &str, image: &str, runtime: &str, id: &str) -> PodJson {
-        let status = json!({
-            "name": name,
-            "state": { "running": { "startedAt": "2026-11-29T10:06:00Z" } },
-            "lastState": {},
-            "ready": false,
-            "restartCount": 0,
-            "image": image,
-            "imageID": "",
-            "containerID": format!("{runtime}://{id}"),
-        });
-        self.push("ephemeralContainerStatuses", name, image, status);
-        self
-    }
-
-    /// Sets `status.phase` (`Succeeded`, `Failed`, ...).
-    pub fn phase(mut self, phase: &str) -> PodJson {
-        self.0["status"]["phase"] = json!(phase);
         self
     }
 
