@@ -149,3 +149,76 @@ fn a_pod_through_cri_is_reported_created_with_its_kubernetes_identity() {
     assert!(status.success(), "{log}");
     assert!(log.contains("discovery mode fanotify-ebpf"), "{log}");
 }
+
+/// What each container of a CRI pod is to its pod, at `added`: the
+/// sandbox from containerd's annotations, an init container and a regular
+/// one from the pod's spec, which the agent's pod watch has before the
+/// kubelet creates the containers (CRI itself does not know an init
+/// container from another).
+#[test]
+fn a_cri_pods_init_container_and_sandbox_are_reported_with_their_kind() {
+    const TEST: &str = "cri_pod_kinds";
+    if !require_cri(TEST) || !require_program(TEST, "busybox") {
+        return;
+    }
+    let node = CriNode::start().expect("start the CRI node");
+    let server = lookout_testsupport::apiserver::ApiServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = server.kubeconfig(dir.path());
+    let spec = PodSpec::new("shop", &format!("kinds-{}", std::process::id()))
+        // N.B. it does not exit on its own: containerd 1.7 refuses to
+        // remove a container whose exit it has not handled yet, and the
+        // kind is by name.
+        .container("setup", BUSYBOX_IMAGE, &["sleep", "300"])
+        .container("web", BUSYBOX_IMAGE, &["sleep", "300"]);
+    // The pod as the API server has it once scheduled: `setup` is an init
+    // container, and it has no controller (it is its own workload).
+    let mut pod = lookout_testsupport::apiserver::PodJson::new(
+        &spec.namespace,
+        &spec.name,
+        &spec.uid,
+        "node-a",
+    )
+    .without_owner()
+    .json();
+    pod["spec"]["initContainers"] = serde_json::json!([{"name": "setup", "image": BUSYBOX_IMAGE}]);
+    pod["spec"]["containers"] = serde_json::json!([{"name": "web", "image": BUSYBOX_IMAGE}]);
+    server.apply(pod);
+    let runc = node.runc().to_str().expect("utf-8 path");
+    let agent = Agent::start_with(
+        None,
+        &["--runtime-path", runc],
+        &[
+            ("NODE_NAME", "node-a"),
+            ("KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+        ],
+        None,
+    );
+    agent.wait_log("pod informer synced", Duration::from_secs(15));
+    let mut kubelet = node.kubelet().expect("CRI client");
+    let mut pod = kubelet.create_pod(&spec).expect("create the pod");
+    kubelet.start_pod(&mut pod).expect("start the containers");
+
+    let sandbox = agent.wait_event(&pod.sandbox_id, "added", Duration::from_secs(10));
+    assert_eq!(sandbox["container"]["kind"], "sandbox", "{sandbox}");
+    assert_eq!(sandbox["container"]["pod_sandbox"], true, "{sandbox}");
+    for (name, kind) in [("setup", "init"), ("web", "regular")] {
+        let id = pod.container(name).expect("created");
+        let added = agent.wait_event(id, "added", Duration::from_secs(10));
+        assert_eq!(added["source"], "runtime-hook", "{added}");
+        assert_eq!(added["container"]["status"], "created", "{added}");
+        assert_eq!(added["container"]["kind"], kind, "{name}: {added}");
+        assert_eq!(
+            added["container"]["kubernetes"]["workload"]["kind"], "Pod",
+            "{name}: {added}"
+        );
+        assert_eq!(
+            added["container"]["kubernetes"]["workload"]["name"],
+            spec.name.as_str(),
+            "{name}: {added}"
+        );
+    }
+    kubelet.remove_pod(&pod).expect("remove the pod");
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
