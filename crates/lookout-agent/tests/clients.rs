@@ -389,14 +389,7 @@ fn go_grpc_lists_and_watches() {
     let rt = Runtime::runc();
     let agent = Agent::start(&rt, &[]);
     let socket = agent.socket().to_str().expect("utf-8").to_owned();
-    let run = |args: &[&str]| {
-        let mut cmd = Command::new(&go);
-        cmd.args(["-socket", &socket])
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd
-    };
+    let run = |args: &[&str]| go_command(&go, &socket, args);
 
     let b = d.join("b");
     bundle::busybox(&b, &["true"], |_| {});
@@ -507,14 +500,7 @@ fn the_cgroup_id_reaches_python_and_go_and_selects_its_container() {
     let agent = Agent::start(&rt, &[]);
     let socket = agent.socket();
     let s = socket.to_str().expect("utf-8").to_owned();
-    let go_run = |args: &[&str]| {
-        let mut cmd = Command::new(&go);
-        cmd.args(["-socket", &s])
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd
-    };
+    let go_run = |args: &[&str]| go_command(&go, &s, args);
     let b = d.join("b");
     bundle::busybox(&b, &["true"], |_| {});
 
@@ -597,4 +583,14 @@ fn the_cgroup_id_reaches_python_and_go_and_selects_its_container() {
         "List after Watch"
     );
     rt.cleanup(&watched);
+}
+
+/// The Go consumer `go`, on the agent's `socket`, with `args`.
+fn go_command(go: &Path, socket: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(go);
+    cmd.args(["-socket", socket])
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
 }
