@@ -180,6 +180,23 @@ fn check_container(
             if a["container"]["pid"].as_u64().unwrap_or(0) == 0 {
                 problems.push(format!("{mode}: {id} added without a pid"));
             }
+            // What consumers' BPF programs key by, on every kernel: the
+            // cgroup v2 id and the eight namespaces (time since 5.6).
+            r["cgroup_id"] = a["container"]["cgroup_id"].clone();
+            if a["container"]["cgroup_id"].as_u64().is_none() {
+                problems.push(format!(
+                    "{mode}: {id} added without a cgroup id: {}",
+                    a["container"]["unresolved"]
+                ));
+            }
+            let ns = &a["container"]["namespaces"];
+            let missing: Vec<&str> = ["mnt", "net", "pid", "user", "cgroup", "ipc", "uts", "time"]
+                .into_iter()
+                .filter(|n| ns[*n].as_u64().is_none())
+                .collect();
+            if !missing.is_empty() {
+                problems.push(format!("{mode}: {id} added without namespaces {missing:?}"));
+            }
             if mode != "scan" && a["container"]["status"] != "created" {
                 problems.push(format!(
                     "{mode}: {id} added as {}, not while created",
