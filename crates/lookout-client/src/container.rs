@@ -154,7 +154,13 @@ mod sealed {
 /// assert_eq!(c.unresolved("cgroup_id"), None);
 ///
 /// // A container in the host's user namespace: ids are the host's.
-/// assert_eq!(proto::Container::default().host_uid(1000), Some(1000));
+/// let host = proto::Container {
+///     namespaces: Some(proto::Namespaces { user: 4_026_531_837, ..Default::default() }),
+///     ..Default::default()
+/// };
+/// assert_eq!(host.host_uid(1000), Some(1000));
+/// // Maps that could not be read, or a user namespace not known: no answer.
+/// assert_eq!(proto::Container::default().host_uid(0), None);
 /// ```
 pub trait ContainerExt: sealed::Sealed {
     /// The inode number of the container's cgroup v2 directory, which is
@@ -185,9 +191,12 @@ pub trait ContainerExt: sealed::Sealed {
     fn namespace_inodes(&self) -> NamespaceInodes;
 
     /// The host's uid of `id` inside the container: through `id_maps` for
-    /// a container in a user namespace of its own, `id` itself otherwise.
-    /// `None` when `id_maps` maps no host uid to it (the kernel shows such
-    /// an id as the overflow id, 65534).
+    /// a container in a user namespace of its own, `id` itself for one
+    /// known to be in the host's. `None` when `id_maps` maps no host uid to
+    /// it (the kernel shows such an id as the overflow id, 65534), and
+    /// when the maps are not known (`unresolved("id_maps")`, or an agent
+    /// that read no user namespace): never a guess, as root inside would
+    /// be root on the host.
     fn host_uid(&self, id: u32) -> Option<u32>;
 
     /// [`host_uid`](ContainerExt::host_uid) for a gid.
@@ -233,19 +242,36 @@ impl ContainerExt for proto::Container {
     fn host_uid(&self, id: u32) -> Option<u32> {
         match &self.id_maps {
             Some(maps) => host_id(&maps.uid, id),
-            None => Some(id),
+            None => self.in_host_user_namespace().then_some(id),
         }
     }
 
     fn host_gid(&self, id: u32) -> Option<u32> {
         match &self.id_maps {
             Some(maps) => host_id(&maps.gid, id),
-            None => Some(id),
+            None => self.in_host_user_namespace().then_some(id),
         }
     }
 
     fn unresolved(&self, field: &str) -> Option<&str> {
         self.unresolved.get(field).map(String::as_str)
+    }
+}
+
+/// For [`ContainerExt::host_uid`] without maps.
+trait UserNamespace {
+    fn in_host_user_namespace(&self) -> bool;
+}
+
+impl UserNamespace for proto::Container {
+    /// Known to be in the host's user namespace: the agent read the user
+    /// namespace and needed no maps. N.B. not when the maps could not be
+    /// read (`unresolved["id_maps"]`), nor from an agent that reads no
+    /// user namespace: an unknown map must not read as the host's ids,
+    /// where container root would be host root.
+    fn in_host_user_namespace(&self) -> bool {
+        self.namespaces.as_ref().is_some_and(|n| n.user != 0)
+            && !self.unresolved.contains_key("id_maps")
     }
 }
 
@@ -366,10 +392,24 @@ mod tests {
     }
 
     #[test]
-    fn without_id_maps_ids_are_the_hosts() {
-        let c = proto::Container::default();
+    fn without_id_maps_ids_are_the_hosts_only_in_the_hosts_user_namespace() {
+        let mut c = proto::Container {
+            namespaces: Some(proto::Namespaces {
+                user: 4_026_531_837,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         assert_eq!(c.host_uid(0), Some(0));
         assert_eq!(c.host_gid(u32::MAX), Some(u32::MAX));
+        // Its own user namespace, whose maps could not be read: unknown,
+        // never root on the host.
+        c.unresolved
+            .insert("id_maps".into(), "/proc/7/uid_map cannot be read".into());
+        assert_eq!(c.host_uid(0), None);
+        assert_eq!(c.host_gid(0), None);
+        // An agent that read no user namespace.
+        assert_eq!(proto::Container::default().host_uid(0), None);
     }
 
     #[test]

@@ -87,11 +87,38 @@ impl Owner {
         let mut w = Workload::default();
         w.kind.clone_from(&self.kind);
         w.name.clone_from(&self.name);
-        w.namespace = namespace.to_owned();
+        // A static pod's mirror is owned by its Node, which is in no
+        // namespace: its key is `Node//name`.
+        let cluster_scoped = self.kind == "Node" && self.api_version == "v1";
+        w.namespace = if cluster_scoped {
+            String::new()
+        } else {
+            namespace.to_owned()
+        };
         w.api_version.clone_from(&self.api_version);
         w.uid = Some(self.uid.clone());
         w
     }
+}
+
+/// Why `top`, reached without a read, is a claim rather than a fact:
+/// a kind of Kubernetes' own in another API group, or a Deployment or
+/// CronJob named by the pod itself (`direct`), which never own pods (their
+/// ReplicaSets and Jobs do). Any pod creator can name any owner; these
+/// two never come from a controller.
+fn claimed(top: &Workload, direct: bool) -> Option<String> {
+    if !top.is_what_its_key_says() {
+        return Some(format!(
+            "the pod names a {} of API version {}, which is not Kubernetes' own {}",
+            top.kind, top.api_version, top.kind
+        ));
+    }
+    (direct && matches!(top.kind.as_str(), "Deployment" | "CronJob")).then(|| {
+        format!(
+            "the pod names {} {} as its controller, which never owns pods itself: a claim, not verified",
+            top.kind, top.name
+        )
+    })
 }
 
 /// The resources read to climb.
@@ -185,9 +212,10 @@ impl Resolver {
         let mut seen = vec![owner.uid.clone()];
         for _ in 0..MAX_READS {
             let Some(resource) = Readable::of(&owner) else {
+                let top = owner.workload(namespace);
                 return Resolved {
-                    workload: Some(owner.workload(namespace)),
-                    unresolved: None,
+                    unresolved: claimed(&top, seen.len() == 1),
+                    workload: Some(top),
                 };
             };
             let next = match self.controller(resource, namespace, &owner).await {

@@ -352,6 +352,51 @@ async fn an_owner_loop_ends_and_a_bare_pod_is_its_own_workload() {
         "{:?}",
         server.requests()
     );
+    assert_eq!(
+        reason(&c),
+        None,
+        "a kind not of Kubernetes' own is what it says"
+    );
+    run.stop().await;
+}
+
+/// Any pod creator can name any owner. Two claims never come from a
+/// controller, and are reported as claims: a kind of Kubernetes' own in
+/// another API group, and a Deployment named by the pod itself (a
+/// Deployment's pods are its ReplicaSets').
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_no_controller_would_set_are_reported_as_claims() {
+    let server = ApiServer::start();
+    server.apply(
+        PodJson::new("shop", "fake-0", "uid-fake", NODE)
+            .controlled_by("x.example/v1", "Deployment", "api", "uid-x")
+            .running("c", "img:1", "containerd", &id(1))
+            .json(),
+    );
+    server.apply(
+        PodJson::new("shop", "direct-0", "uid-direct", NODE)
+            .controlled_by("apps/v1", "Deployment", "api", "uid-d")
+            .running("c", "img:1", "containerd", &id(2))
+            .json(),
+    );
+    server.apply(
+        PodJson::new("shop", "sts-0", "uid-sts", NODE)
+            .controlled_by("apps/v1", "StatefulSet", "db", "uid-sts-owner")
+            .running("c", "img:1", "containerd", &id(3))
+            .json(),
+    );
+    let mut run = start(&server).await;
+    let c = run.added(&id(1)).await;
+    assert_eq!(workload(&c).0, "Deployment/shop/api");
+    let why = reason(&c).expect("a reason");
+    assert!(why.contains("not Kubernetes' own"), "{why}");
+    let c = run.added(&id(2)).await;
+    assert_eq!(workload(&c).0, "Deployment/shop/api");
+    let why = reason(&c).expect("a reason");
+    assert!(why.contains("never owns pods itself"), "{why}");
+    let c = run.added(&id(3)).await;
+    assert_eq!(workload(&c).0, "StatefulSet/shop/db");
+    assert_eq!(reason(&c), None);
     run.stop().await;
 }
 

@@ -28,6 +28,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+mod kernel;
+mod kubernetes;
+
+pub use kernel::{IdMapping, IdMaps, Namespaces};
+pub use kubernetes::{ContainerKind, Kubernetes, Workload, is_pod_sandbox};
+
 /// Checks a container id the way runc does (`^[\w+-\.]+$`, not `.` or
 /// `..`, at most 1024 bytes). Ids become path components (state
 /// directories, hook state): every source of ids checks them so.
@@ -260,163 +266,6 @@ pub enum Status {
     Stopped,
 }
 
-/// Namespace inode numbers of the container's init process: the value
-/// of `stat(2)`'s `st_ino` on `/proc/<pid>/ns/<name>`, which a BPF program
-/// compares with `task->nsproxy->mnt_ns->ns.inum` and its kin.
-///
-/// `mnt`, `net` and `pid` are written as `null` when unknown (as ever);
-/// the others are left out then.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[non_exhaustive]
-pub struct Namespaces {
-    /// Mount namespace.
-    pub mnt: Option<u64>,
-    /// Network namespace.
-    pub net: Option<u64>,
-    /// Pid namespace.
-    pub pid: Option<u64>,
-    /// User namespace: the host's unless the container has its own (then
-    /// [`Container::id_maps`] says how its ids map to the host's).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub user: Option<u64>,
-    /// Cgroup namespace.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub cgroup: Option<u64>,
-    /// IPC namespace.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub ipc: Option<u64>,
-    /// UTS (host name) namespace.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub uts: Option<u64>,
-    /// Time namespace (Linux 5.6+).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub time: Option<u64>,
-}
-
-/// One line of a user namespace's `uid_map` or `gid_map`: ids
-/// `container_id .. container_id + size` inside are `host_id ..` outside.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[non_exhaustive]
-pub struct IdMapping {
-    /// The first id inside the container's user namespace.
-    pub container_id: u32,
-    /// The id it is on the host.
-    pub host_id: u32,
-    /// How many consecutive ids the line maps.
-    pub size: u32,
-}
-
-impl IdMapping {
-    /// A mapping of `size` ids from `container_id` inside to `host_id` on
-    /// the host.
-    pub fn new(container_id: u32, host_id: u32, size: u32) -> IdMapping {
-        IdMapping {
-            container_id,
-            host_id,
-            size,
-        }
-    }
-}
-
-/// How a container with its own user namespace sees the host's ids (a
-/// pod with `hostUsers: false`, a rootless or userns-remapped engine).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[non_exhaustive]
-pub struct IdMaps {
-    /// `/proc/<pid>/uid_map`, line by line.
-    pub uid: Vec<IdMapping>,
-    /// `/proc/<pid>/gid_map`, line by line.
-    pub gid: Vec<IdMapping>,
-}
-
-impl IdMaps {
-    /// The host id of `id` inside, by `map` (`uid` or `gid`): `None` when
-    /// no line maps it (the kernel shows such an id as the overflow id).
-    ///
-    /// ```
-    /// use lookout_model::{IdMapping, IdMaps};
-    /// let mut maps = IdMaps::default();
-    /// maps.uid.push(IdMapping::new(0, 100000, 65536));
-    /// assert_eq!(IdMaps::host_id(&maps.uid, 0), Some(100000));
-    /// assert_eq!(IdMaps::host_id(&maps.uid, 65536), None);
-    /// ```
-    pub fn host_id(map: &[IdMapping], id: u32) -> Option<u32> {
-        map.iter().find_map(|m| {
-            let offset = id.checked_sub(m.container_id)?;
-            (offset < m.size)
-                .then(|| m.host_id.checked_add(offset))
-                .flatten()
-        })
-    }
-}
-
-/// What a container is to its pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum ContainerKind {
-    /// One of `spec.containers` (a sidecar, `spec.initContainers` with
-    /// `restartPolicy: Always`, is `init`).
-    Regular,
-    /// One of `spec.initContainers`.
-    Init,
-    /// One of `spec.ephemeralContainers` (`kubectl debug`).
-    Ephemeral,
-    /// The pod's sandbox (pause) container: [`Container::pod_sandbox`].
-    Sandbox,
-}
-
-impl ContainerKind {
-    /// The name as printed (`regular`, `init`, `ephemeral`, `sandbox`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ContainerKind::Regular => "regular",
-            ContainerKind::Init => "init",
-            ContainerKind::Ephemeral => "ephemeral",
-            ContainerKind::Sandbox => "sandbox",
-        }
-    }
-}
-
-impl fmt::Display for ContainerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The controller at the top of a pod's owner chain: Pod → ReplicaSet →
-/// Deployment gives the Deployment, Pod → Job → CronJob the CronJob. A pod
-/// without a controller is its own workload.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[non_exhaustive]
-pub struct Workload {
-    /// `Deployment`, `StatefulSet`, `DaemonSet`, `CronJob`, `Job`,
-    /// `ReplicaSet`, `Pod`, or any controller's kind.
-    pub kind: String,
-    /// Its name.
-    pub name: String,
-    /// Its namespace (the pod's: owners are in the same namespace).
-    pub namespace: String,
-    /// `apps/v1`, `batch/v1`, `v1`, ...
-    pub api_version: String,
-    /// Its UID, when known.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub uid: Option<String>,
-}
-
-impl Workload {
-    /// The workload's key as filters take it: `Kind/namespace/name`
-    /// (`Deployment/shop/api`).
-    pub fn key(&self) -> String {
-        format!("{}/{}/{}", self.kind, self.namespace, self.name)
-    }
-}
-
 /// A container as lookout knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -502,100 +351,6 @@ pub struct Container {
     pub unresolved: BTreeMap<String, String>,
 }
 
-/// The Kubernetes identity of a container.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[non_exhaustive]
-pub struct Kubernetes {
-    /// The pod's namespace.
-    pub namespace: Option<String>,
-    /// The pod's name.
-    pub pod: Option<String>,
-    /// The pod's UID.
-    pub pod_uid: Option<String>,
-    /// The container's name in the pod spec.
-    pub container: Option<String>,
-    /// The container's image.
-    pub image: Option<String>,
-    /// The pod's labels (from the informer).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
-    pub labels: BTreeMap<String, String>,
-    /// The controller at the top of the pod's owner chain (from the
-    /// informer), when known.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub workload: Option<Workload>,
-}
-
-impl Kubernetes {
-    /// Reads the annotations the CRI runtimes put in config.json:
-    /// containerd's `io.kubernetes.cri.*` and CRI-O's `io.kubernetes.pod.*`
-    /// / `io.kubernetes.container.name`. `None` when there are none (not a
-    /// Kubernetes container). A pod sandbox (pause) container gets its
-    /// pod's identity, with no container name (see [`is_pod_sandbox`]).
-    ///
-    /// ```
-    /// use std::collections::BTreeMap;
-    /// let a = BTreeMap::from([
-    ///     ("io.kubernetes.cri.container-type".to_owned(), "container".to_owned()),
-    ///     ("io.kubernetes.cri.sandbox-namespace".to_owned(), "default".to_owned()),
-    ///     ("io.kubernetes.cri.sandbox-name".to_owned(), "web-0".to_owned()),
-    ///     ("io.kubernetes.cri.container-name".to_owned(), "nginx".to_owned()),
-    /// ]);
-    /// let k = lookout_model::Kubernetes::from_annotations(&a).unwrap();
-    /// assert_eq!(k.pod.as_deref(), Some("web-0"));
-    /// assert_eq!(k.container.as_deref(), Some("nginx"));
-    /// ```
-    pub fn from_annotations(a: &BTreeMap<String, String>) -> Option<Kubernetes> {
-        let get = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k).cloned());
-        let sandbox = is_pod_sandbox(a);
-        let k = Kubernetes {
-            namespace: get(&[
-                "io.kubernetes.cri.sandbox-namespace",
-                "io.kubernetes.pod.namespace",
-            ]),
-            pod: get(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
-            pod_uid: get(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]),
-            container: get(&[
-                "io.kubernetes.cri.container-name",
-                "io.kubernetes.container.name",
-            ])
-            .filter(|_| !sandbox),
-            image: get(&[
-                "io.kubernetes.cri.image-name",
-                "io.kubernetes.cri-o.ImageName",
-            ]),
-            labels: BTreeMap::new(),
-            workload: None,
-        };
-        (k != Kubernetes::default()).then_some(k)
-    }
-}
-
-/// Whether a container's annotations mark it as a pod's sandbox (pause)
-/// container: containerd's `io.kubernetes.cri.container-type: sandbox`,
-/// CRI-O's `io.kubernetes.cri-o.ContainerType: sandbox`.
-///
-/// ```
-/// use std::collections::BTreeMap;
-/// let a = BTreeMap::from([
-///     ("io.kubernetes.cri.container-type".to_owned(), "sandbox".to_owned()),
-///     ("io.kubernetes.cri.sandbox-namespace".to_owned(), "default".to_owned()),
-///     ("io.kubernetes.cri.sandbox-name".to_owned(), "web-0".to_owned()),
-/// ]);
-/// assert!(lookout_model::is_pod_sandbox(&a));
-/// let k = lookout_model::Kubernetes::from_annotations(&a).unwrap();
-/// assert_eq!(k.pod.as_deref(), Some("web-0"));
-/// assert_eq!(k.container, None);
-/// ```
-pub fn is_pod_sandbox(a: &BTreeMap<String, String>) -> bool {
-    [
-        "io.kubernetes.cri.container-type",
-        "io.kubernetes.cri-o.ContainerType",
-    ]
-    .iter()
-    .any(|k| a.get(*k).is_some_and(|t| t == "sandbox"))
-}
-
 impl Container {
     /// A container with only an id and a runtime.
     pub fn new(id: impl Into<String>, runtime: RuntimeKind) -> Container {
@@ -661,12 +416,68 @@ impl Container {
             (None, _) => {
                 self.kubernetes.clone_from(&known.kubernetes);
                 self.pod_sandbox |= known.pod_sandbox;
+                if let Some(why) = known.unresolved.get(WORKLOAD_FIELD)
+                    && known
+                        .kubernetes
+                        .as_ref()
+                        .is_some_and(|k| k.workload.is_some())
+                {
+                    self.unresolved
+                        .insert(WORKLOAD_FIELD.to_owned(), why.clone());
+                }
             }
             (Some(mine), Some(theirs)) if mine.workload.is_none() => {
                 mine.workload.clone_from(&theirs.workload);
+                // A workload known in part keeps saying so.
+                if let Some(why) = known.unresolved.get(WORKLOAD_FIELD)
+                    && theirs.workload.is_some()
+                {
+                    self.unresolved
+                        .insert(WORKLOAD_FIELD.to_owned(), why.clone());
+                }
             }
             _ => {}
         }
+    }
+
+    /// Takes what the kernel said of the container while it lived (its
+    /// pid, namespaces, cgroup path and id, id maps, and why any of those
+    /// is unknown) from `live`, the record reported at `added` or since.
+    /// For a `removed` event built by a backend that never read them (the
+    /// Pod informer without the pid) or that reads them once the init is
+    /// gone (then they are empty, or another process's if the pid was
+    /// reused): a consumer keys its maps by these, and must find the same
+    /// keys at `removed` as at `added`. Does nothing when `live` never
+    /// knew the pid.
+    pub fn take_kernel_view_from(&mut self, live: &Container) {
+        if live.pid.is_none() {
+            return;
+        }
+        self.pid = live.pid;
+        self.namespaces.clone_from(&live.namespaces);
+        self.cgroup.clone_from(&live.cgroup);
+        self.cgroup_id = live.cgroup_id;
+        self.id_maps.clone_from(&live.id_maps);
+        for field in KERNEL_FIELDS {
+            match live.unresolved.get(field) {
+                Some(why) => self.unresolved.insert(field.to_owned(), why.clone()),
+                None => self.unresolved.remove(field),
+            };
+        }
+    }
+
+    /// Whether [`take_kernel_view_from`](Self::take_kernel_view_from)
+    /// would change `self`.
+    pub fn differs_in_kernel_view(&self, live: &Container) -> bool {
+        live.pid.is_some()
+            && (self.pid != live.pid
+                || self.namespaces != live.namespaces
+                || self.cgroup != live.cgroup
+                || self.cgroup_id != live.cgroup_id
+                || self.id_maps != live.id_maps
+                || KERNEL_FIELDS
+                    .iter()
+                    .any(|f| self.unresolved.get(*f) != live.unresolved.get(*f)))
     }
 
     /// Whether [`fill_identity_from`](Self::fill_identity_from) would
@@ -685,6 +496,12 @@ impl Container {
             }
     }
 }
+
+/// The [`Container::unresolved`] key of a workload known only in part.
+const WORKLOAD_FIELD: &str = "kubernetes.workload";
+
+/// The [`Container::unresolved`] keys of the kernel's view.
+const KERNEL_FIELDS: [&str; 2] = ["cgroup_id", "id_maps"];
 
 /// What happened to a container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

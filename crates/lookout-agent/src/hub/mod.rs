@@ -98,10 +98,12 @@ impl Filter {
 }
 
 /// Whether `w` is the workload `Kind/namespace/name` names (compared
-/// part by part: no string is built per event).
+/// part by part: no string is built per event). A pod's claim of a kind
+/// of Kubernetes' own in another API group is not that kind.
 fn workload_is(w: &lookout_model::Workload, want: &str) -> bool {
     let mut parts = want.splitn(3, '/');
-    parts.next() == Some(w.kind.as_str())
+    w.is_what_its_key_says()
+        && parts.next() == Some(w.kind.as_str())
         && parts.next() == Some(w.namespace.as_str())
         && parts.next() == Some(w.name.as_str())
 }
@@ -461,9 +463,17 @@ impl Hub {
                 // labels) stays in the last report of it.
                 if let Some(known) = &added
                     && !Arc::ptr_eq(&known.container, &event.container)
-                    && event.container.lacks_identity_of(&known.container)
                 {
-                    Arc::make_mut(&mut event.container).fill_identity_from(&known.container);
+                    let known = &known.container;
+                    if event.container.lacks_identity_of(known) {
+                        Arc::make_mut(&mut event.container).fill_identity_from(known);
+                    }
+                    // The keys consumers' maps hold (cgroup id, namespaces)
+                    // are the live container's: a backend that reads them
+                    // at the exit finds the init gone, or its pid reused.
+                    if event.container.differs_in_kernel_view(known) {
+                        Arc::make_mut(&mut event.container).take_kernel_view_from(known);
+                    }
                 }
                 superseded = added.as_ref().map(|l| Arc::clone(&l.container));
                 Live {

@@ -133,6 +133,80 @@ async fn an_update_fills_a_live_container_and_stays_in_its_removal() {
     );
 }
 
+/// A removal reported by a backend that read nothing of the init (the
+/// Pod informer), or read it once it was gone or its pid reused (NRI at
+/// its stop), carries the keys the `added` carried: a watcher that
+/// selects by cgroup id sees the container go, and a consumer deletes the
+/// map entry it made.
+#[tokio::test]
+async fn a_removal_carries_the_kernel_view_of_the_live_container() {
+    let h = hub(100, 100);
+    let mut w = h
+        .watch(
+            0,
+            Filter {
+                cgroup_ids: vec![4242],
+                ..Filter::default()
+            },
+        )
+        .expect("watch");
+    let mut live = Container::new("a", RuntimeKind::Runc);
+    live.pid = Some(7);
+    live.cgroup_id = Some(4242);
+    live.cgroup = Some("/kubepods/a".into());
+    live.namespaces.mnt = Some(11);
+    live.namespaces.user = Some(12);
+    feed(&h, ContainerEvent::added(Source::RuntimeHook, live));
+    // Read after the exit: another process has the pid now.
+    let mut late = Container::new("a", RuntimeKind::Runc);
+    late.pid = Some(7);
+    late.cgroup_id = Some(1);
+    late.namespaces.mnt = Some(99);
+    late.set_unresolved("id_maps", "/proc/7/uid_map cannot be read");
+    feed(&h, ContainerEvent::removed(Source::Nri, late, None));
+    // And one that never read anything, for another container.
+    let mut other = Container::new("b", RuntimeKind::Runc);
+    other.pid = Some(8);
+    other.cgroup_id = Some(4242);
+    feed(&h, ContainerEvent::added(Source::RuntimeHook, other));
+    feed(
+        &h,
+        ContainerEvent::removed(
+            Source::Informer,
+            Container::new("b", RuntimeKind::Runc),
+            None,
+        ),
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let item = tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("four changes");
+        if let WatchItem::Change(c) = item.expect("item") {
+            seen.push((c.kind, Arc::clone(&c.live.container)));
+        }
+    }
+    let kinds: Vec<_> = seen.iter().map(|(k, c)| (*k, c.id.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            (EventKind::Added, "a"),
+            (EventKind::Removed, "a"),
+            (EventKind::Added, "b"),
+            (EventKind::Removed, "b")
+        ]
+    );
+    let gone = &seen[1].1;
+    assert_eq!(gone.cgroup_id, Some(4242));
+    assert_eq!(gone.namespaces.mnt, Some(11));
+    assert_eq!(gone.namespaces.user, Some(12));
+    assert_eq!(gone.cgroup.as_deref(), Some("/kubepods/a"));
+    assert!(gone.unresolved.is_empty(), "{:?}", gone.unresolved);
+    assert_eq!(gone.status, Status::Stopped);
+    assert_eq!(seen[3].1.pid, Some(8));
+    assert_eq!(seen[3].1.cgroup_id, Some(4242));
+}
+
 /// What a watcher from `since` gets next: the changes' (revision, id),
 /// or the snapshot's revision as (revision, "snapshot").
 async fn next_items(h: &Hub, since: u64, n: usize) -> Vec<(u64, String)> {
@@ -434,6 +508,7 @@ async fn filters_select_by_workload_cgroup_id_and_image_digest() {
         w.kind = "Deployment".into();
         w.namespace = "shop".into();
         w.name = "api".into();
+        w.api_version = "apps/v1".into();
         k.workload = Some(w);
         k
     });
@@ -463,6 +538,17 @@ async fn filters_select_by_workload_cgroup_id_and_image_digest() {
     assert!(!by(&[], &[], &["nginx@sha256:aaa"]).matches(&c));
     // Every criterion that is set must match.
     assert!(!by(&["Deployment/shop/api"], &[7002], &[]).matches(&c));
+    // A Deployment of another API group, which any pod may name as its
+    // owner, is no Deployment.
+    let mut claimed = c.clone();
+    if let Some(w) = claimed
+        .kubernetes
+        .as_mut()
+        .and_then(|k| k.workload.as_mut())
+    {
+        w.api_version = "x.example/v1".into();
+    }
+    assert!(!by(&["Deployment/shop/api"], &[], &[]).matches(&claimed));
     // A container that does not know a criterion's field never matches it.
     let bare = Container::new("y", RuntimeKind::Runc);
     assert!(!by(&["Deployment/shop/api"], &[], &[]).matches(&bare));
