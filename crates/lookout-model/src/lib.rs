@@ -685,6 +685,41 @@ mod tests {
         }
     }
 
+    /// A workload known only in part says so wherever it is copied; the
+    /// kernel's view of a removal is the live record's.
+    #[test]
+    fn a_partial_workload_keeps_its_reason_and_a_removal_the_live_kernel_view() {
+        let mut known = Container::new("c", RuntimeKind::Runc);
+        let mut k = Kubernetes::default();
+        k.workload = Some(Workload::default());
+        known.kubernetes = Some(k);
+        known.set_unresolved("kubernetes.workload", "ReplicaSet shop/a not found (404)");
+        let mut mine = Container::new("c", RuntimeKind::Runc);
+        mine.fill_identity_from(&known);
+        assert_eq!(
+            mine.unresolved
+                .get("kubernetes.workload")
+                .map(String::as_str),
+            Some("ReplicaSet shop/a not found (404)")
+        );
+
+        let mut live = Container::new("c", RuntimeKind::Runc);
+        live.pid = Some(7);
+        live.cgroup_id = Some(42);
+        live.namespaces.user = Some(3);
+        let mut gone = Container::new("c", RuntimeKind::Runc);
+        gone.pid = Some(7);
+        gone.set_unresolved("cgroup_id", "/proc/7/cgroup is unreadable");
+        assert!(gone.differs_in_kernel_view(&live));
+        gone.take_kernel_view_from(&live);
+        assert!(!gone.differs_in_kernel_view(&live));
+        assert_eq!((gone.cgroup_id, gone.namespaces.user), (Some(42), Some(3)));
+        assert!(gone.unresolved.is_empty());
+        // A live record that never knew the pid teaches nothing.
+        let blind = Container::new("c", RuntimeKind::Runc);
+        assert!(!gone.differs_in_kernel_view(&blind));
+    }
+
     #[test]
     fn other_runtimes_keep_their_name() {
         let k = RuntimeKind::from_binary_name("kata-runtime");
