@@ -690,9 +690,10 @@ mod tests {
     #[test]
     fn a_partial_workload_keeps_its_reason_and_a_removal_the_live_kernel_view() {
         let mut known = Container::new("c", RuntimeKind::Runc);
-        let mut k = Kubernetes::default();
-        k.workload = Some(Workload::default());
-        known.kubernetes = Some(k);
+        known.kubernetes = Some(Kubernetes {
+            workload: Some(Workload::default()),
+            ..Kubernetes::default()
+        });
         known.set_unresolved("kubernetes.workload", "ReplicaSet shop/a not found (404)");
         let mut mine = Container::new("c", RuntimeKind::Runc);
         mine.fill_identity_from(&known);
