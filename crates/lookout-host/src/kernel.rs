@@ -64,6 +64,11 @@ pub enum CgroupIdError {
     /// No cgroup v2 hierarchy whose root this process can see.
     #[error("{0}")]
     NoHierarchy(String),
+    /// The process is in the hierarchy's root cgroup: no group of the
+    /// container's own, and the root's id would stand for every process
+    /// left there (a consumer's BPF map keyed by it would match them all).
+    #[error("the process is in the root cgroup, not one of its container's own")]
+    RootCgroup,
     /// The process's cgroup file has no `0::` line: a cgroup v1 node
     /// without the unified hierarchy.
     #[error("the process is in no cgroup v2 group (no 0:: line: a cgroup v1 node)")]
@@ -145,6 +150,9 @@ fn locate_cgroup2_root(host_root: &Path) -> Result<PathBuf, String> {
 pub fn cgroup_id(text: &str) -> Result<u64, CgroupIdError> {
     let path = parse_cgroup_v2(text).ok_or(CgroupIdError::NotInV2)?;
     let relative = cgroup_v2_relative(path)?;
+    if relative.as_os_str().is_empty() {
+        return Err(CgroupIdError::RootCgroup);
+    }
     let root =
         find_cgroup2_root(Path::new("/")).map_err(|e| CgroupIdError::NoHierarchy(e.to_owned()))?;
     let dir = root.join(relative);
@@ -372,6 +380,10 @@ mod tests {
             cgroup_id("3:cpu:/a\n"),
             Err(CgroupIdError::NotInV2)
         ));
+        assert!(matches!(
+            cgroup_id("3:cpu:/a\n0::/\n"),
+            Err(CgroupIdError::RootCgroup)
+        ));
     }
 
     /// This process's own cgroup id is its cgroup directory's inode, on a
@@ -384,6 +396,11 @@ mod tests {
             return;
         };
         match find_cgroup2_root(Path::new("/")) {
+            // A test run from the root cgroup (a VM's shell, as on the
+            // project's machines): no id of its own.
+            Ok(_) if path == "/" => {
+                assert!(matches!(cgroup_id(&text), Err(CgroupIdError::RootCgroup)));
+            }
             Ok(root) => {
                 let dir = root.join(path.trim_start_matches('/'));
                 let inode = std::fs::metadata(&dir).expect("own cgroup dir").ino();

@@ -74,15 +74,23 @@ fn pod_key(pod: &Pod) -> String {
 /// assert_eq!(parse_image_id(&format!("sha256:{hex}")).1, Some(format!("sha256:{hex}")));
 /// assert_eq!(parse_image_id(""), (None, None));
 /// assert_eq!(parse_image_id(&format!("x://nginx@sha256:{hex}")), (None, None));
+/// // Not a digest as the OCI image spec writes one.
+/// let upper = hex.to_uppercase();
+/// assert_eq!(parse_image_id(&format!("nginx@sha256:{upper}")), (None, None));
 /// ```
 pub fn parse_image_id(s: &str) -> (Option<String>, Option<String>) {
     let s = ["docker-pullable://", "docker://"]
         .iter()
         .find_map(|p| s.strip_prefix(p))
         .unwrap_or(s);
+    // Lowercase only, as the OCI image spec writes a sha256 digest: filters
+    // compare digests as strings, and `ABC...` would never match `abc...`.
     let sha = |h: &str| {
-        h.strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        h.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
     };
     if s.len() > 1024 || !s.bytes().all(|b| b.is_ascii_graphic()) {
         return (None, None);
