@@ -195,3 +195,255 @@ pub const EXIT_CAPACITY: u32 = 16384;
 /// Global: byte offset of `exit_code` in `struct task_struct`, found by user
 /// space in the kernel's BTF (0 = unknown: the program records nothing).
 pub const TASK_EXIT_CODE_OFFSET_GLOBAL: &str = "TASK_EXIT_CODE_OFFSET";
+
+/// Default directory of the BPF file system where the agent pins the
+/// container maps ([`CONTAINERS_BY_CGROUP_MAP`], [`CONTAINERS_BY_MNTNS_MAP`]).
+pub const CONTAINER_MAPS_DIR: &str = "/sys/fs/bpf/lookout";
+/// Pin name (and kernel name) of the `BPF_MAP_TYPE_HASH` from a cgroup v2
+/// id (`u64`, what `bpf_get_current_cgroup_id()` returns) to a
+/// [`ContainerEntry`].
+pub const CONTAINERS_BY_CGROUP_MAP: &str = "containers_by_cgroup";
+/// Pin name (and kernel name) of the `BPF_MAP_TYPE_HASH` from a mount
+/// namespace's inode number (`u64`: `task->nsproxy->mnt_ns->ns.inum`, the
+/// inode of `/proc/<pid>/ns/mnt`) to a [`ContainerEntry`].
+pub const CONTAINERS_BY_MNTNS_MAP: &str = "containers_by_mntns";
+/// The name the kernel keeps for [`CONTAINERS_BY_CGROUP_MAP`]
+/// (`BPF_OBJ_NAME_LEN` is 16 with its NUL): what `bpftool map list` shows.
+pub const CONTAINERS_BY_CGROUP_KERNEL_NAME: &str = "lookout_by_cgrp";
+/// The name the kernel keeps for [`CONTAINERS_BY_MNTNS_MAP`].
+pub const CONTAINERS_BY_MNTNS_KERNEL_NAME: &str = "lookout_by_mnt";
+/// Default `max_entries` of each container map. Both maps are created
+/// with `BPF_F_NO_PREALLOC`, so the kernel allocates an entry when it is
+/// written: the maximum bounds the memory, it does not reserve it.
+pub const CONTAINER_MAPS_MAX_ENTRIES: u32 = 16384;
+/// `map_flags` of both container maps: `BPF_F_NO_PREALLOC`.
+pub const CONTAINER_MAPS_FLAGS: u32 = 1;
+
+/// [`ContainerEntry::version`] of the layout in this crate.
+///
+/// A later layout only uses bytes that are [`ContainerEntry::reserved`]
+/// here, and raises the version: the entry keeps its size, and a reader of
+/// version 1 reads a later entry correctly (it ignores the new fields).
+/// An entry's size never changes under the same pin name.
+pub const CONTAINER_ENTRY_VERSION: u16 = 1;
+/// Bytes of the container id kept in [`ContainerEntry::id`]. Runtimes'
+/// ids are 64 hex digits; a longer id is cut to its first 64 bytes and
+/// flagged [`CONTAINER_ENTRY_ID_TRUNCATED`].
+pub const CONTAINER_ID_LEN: usize = 64;
+/// [`ContainerEntry::flags`]: the id is longer than [`CONTAINER_ID_LEN`]
+/// bytes; `id` holds its first 64.
+pub const CONTAINER_ENTRY_ID_TRUNCATED: u8 = 1;
+
+/// [`ContainerEntry::kind`]: not known (a container outside Kubernetes, or
+/// one whose pod is not known yet).
+pub const CONTAINER_KIND_UNKNOWN: u8 = 0;
+/// [`ContainerEntry::kind`]: one of the pod's `spec.containers`.
+pub const CONTAINER_KIND_REGULAR: u8 = 1;
+/// [`ContainerEntry::kind`]: one of `spec.initContainers` (sidecars too).
+pub const CONTAINER_KIND_INIT: u8 = 2;
+/// [`ContainerEntry::kind`]: one of `spec.ephemeralContainers`.
+pub const CONTAINER_KIND_EPHEMERAL: u8 = 3;
+/// [`ContainerEntry::kind`]: the pod's sandbox (pause) container.
+pub const CONTAINER_KIND_SANDBOX: u8 = 4;
+
+/// [`ContainerEntry::runtime`]: another runtime, or not known.
+pub const RUNTIME_OTHER: u8 = 0;
+/// [`ContainerEntry::runtime`]: runc.
+pub const RUNTIME_RUNC: u8 = 1;
+/// [`ContainerEntry::runtime`]: crun.
+pub const RUNTIME_CRUN: u8 = 2;
+/// [`ContainerEntry::runtime`]: gVisor's runsc (its processes run in the
+/// sandbox's kernel: the host sees only the sandbox's own).
+pub const RUNTIME_RUNSC: u8 = 3;
+/// [`ContainerEntry::runtime`]: youki.
+pub const RUNTIME_YOUKI: u8 = 4;
+/// [`ContainerEntry::runtime`]: started through conmon (CRI-O, podman).
+pub const RUNTIME_CONMON: u8 = 5;
+
+/// The value of both container maps: which container a cgroup or mount
+/// namespace belongs to.
+///
+/// 128 bytes, the same on every architecture (no pointers, fields at
+/// their natural alignment, no implicit padding). `lookout.h` in this
+/// crate declares the same struct for C (libbpf) and Go (cilium/ebpf)
+/// programs, and a test compiles it and compares every offset.
+///
+/// It names the container and nothing else: no environment, no
+/// annotation, no label, no secret. A program that wants the pod or the
+/// image asks the agent's API for the id.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerEntry {
+    /// [`CONTAINER_ENTRY_VERSION`] when written (at least 1).
+    pub version: u16,
+    /// `CONTAINER_KIND_*`.
+    pub kind: u8,
+    /// `RUNTIME_*`.
+    pub runtime: u8,
+    /// Bytes of `id` in use (at most [`CONTAINER_ID_LEN`]).
+    pub id_len: u8,
+    /// `CONTAINER_ENTRY_*` flags.
+    pub flags: u8,
+    /// Zero.
+    pub pad: [u8; 2],
+    /// The inode number of the container's pid namespace (0: not known).
+    pub pid_ns: u64,
+    /// The container's cgroup id (0: not known): the key of its entry in
+    /// [`CONTAINERS_BY_CGROUP_MAP`].
+    pub cgroup_id: u64,
+    /// The inode number of its mount namespace (0: not known): the key of
+    /// its entry in [`CONTAINERS_BY_MNTNS_MAP`].
+    pub mnt_ns: u64,
+    /// The runtime's container id, `id_len` bytes, NUL-padded.
+    pub id: [u8; CONTAINER_ID_LEN],
+    /// Zero; for fields of later versions.
+    pub reserved: [u8; 32],
+}
+
+impl ContainerEntry {
+    /// Size in bytes of an entry: the maps' `value_size`.
+    pub const SIZE: usize = core::mem::size_of::<ContainerEntry>();
+
+    /// An entry for the container `id`, everything else unknown. The id is
+    /// cut to [`CONTAINER_ID_LEN`] bytes (and flagged) if longer.
+    pub fn new(id: &[u8]) -> ContainerEntry {
+        let mut entry = ContainerEntry {
+            version: CONTAINER_ENTRY_VERSION,
+            kind: CONTAINER_KIND_UNKNOWN,
+            runtime: RUNTIME_OTHER,
+            id_len: 0,
+            flags: 0,
+            pad: [0; 2],
+            pid_ns: 0,
+            cgroup_id: 0,
+            mnt_ns: 0,
+            id: [0; CONTAINER_ID_LEN],
+            reserved: [0; 32],
+        };
+        let kept = id.len().min(CONTAINER_ID_LEN);
+        entry.id[..kept].copy_from_slice(&id[..kept]);
+        // `kept` is at most 64.
+        entry.id_len = kept as u8;
+        if id.len() > CONTAINER_ID_LEN {
+            entry.flags |= CONTAINER_ENTRY_ID_TRUNCATED;
+        }
+        entry
+    }
+
+    /// The id's bytes (`id_len` of them, at most [`CONTAINER_ID_LEN`]).
+    pub fn id(&self) -> &[u8] {
+        &self.id[..usize::from(self.id_len).min(CONTAINER_ID_LEN)]
+    }
+
+    /// The entry as the map stores it (native byte order).
+    pub fn to_bytes(&self) -> [u8; ContainerEntry::SIZE] {
+        let mut b = [0u8; ContainerEntry::SIZE];
+        b[0..2].copy_from_slice(&self.version.to_ne_bytes());
+        b[2] = self.kind;
+        b[3] = self.runtime;
+        b[4] = self.id_len;
+        b[5] = self.flags;
+        b[6..8].copy_from_slice(&self.pad);
+        b[8..16].copy_from_slice(&self.pid_ns.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.cgroup_id.to_ne_bytes());
+        b[24..32].copy_from_slice(&self.mnt_ns.to_ne_bytes());
+        b[32..96].copy_from_slice(&self.id);
+        b[96..128].copy_from_slice(&self.reserved);
+        b
+    }
+
+    /// Decodes an entry read from a map (which need not be aligned).
+    /// `None` when `bytes` is shorter than [`ContainerEntry::SIZE`] or the
+    /// version is 0 (not an entry).
+    pub fn from_bytes(bytes: &[u8]) -> Option<ContainerEntry> {
+        let b: &[u8; ContainerEntry::SIZE] = bytes.get(..ContainerEntry::SIZE)?.try_into().ok()?;
+        let u64_at = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[o..o + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let version = u16::from_ne_bytes([b[0], b[1]]);
+        if version == 0 {
+            return None;
+        }
+        let mut id = [0u8; CONTAINER_ID_LEN];
+        id.copy_from_slice(&b[32..96]);
+        let mut reserved = [0u8; 32];
+        reserved.copy_from_slice(&b[96..128]);
+        Some(ContainerEntry {
+            version,
+            kind: b[2],
+            runtime: b[3],
+            id_len: b[4],
+            flags: b[5],
+            pad: [b[6], b[7]],
+            pid_ns: u64_at(8),
+            cgroup_id: u64_at(16),
+            mnt_ns: u64_at(24),
+            id,
+            reserved,
+        })
+    }
+}
+
+#[cfg(test)]
+mod entry_tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_the_documented_one() {
+        use core::mem::offset_of;
+        assert_eq!(ContainerEntry::SIZE, 128);
+        assert_eq!(core::mem::align_of::<ContainerEntry>(), 8);
+        assert_eq!(offset_of!(ContainerEntry, kind), 2);
+        assert_eq!(offset_of!(ContainerEntry, runtime), 3);
+        assert_eq!(offset_of!(ContainerEntry, id_len), 4);
+        assert_eq!(offset_of!(ContainerEntry, flags), 5);
+        assert_eq!(offset_of!(ContainerEntry, pid_ns), 8);
+        assert_eq!(offset_of!(ContainerEntry, cgroup_id), 16);
+        assert_eq!(offset_of!(ContainerEntry, mnt_ns), 24);
+        assert_eq!(offset_of!(ContainerEntry, id), 32);
+        assert_eq!(offset_of!(ContainerEntry, reserved), 96);
+    }
+
+    #[test]
+    fn bytes_round_trip_and_match_memory() {
+        let mut e = ContainerEntry::new(b"abc123");
+        e.kind = CONTAINER_KIND_INIT;
+        e.runtime = RUNTIME_CRUN;
+        e.pid_ns = 4026532000;
+        e.cgroup_id = 1 << 40 | 7;
+        e.mnt_ns = 4026531999;
+        let bytes = e.to_bytes();
+        // The hand-written encoding is the struct's own memory.
+        // SAFETY: `e` is a live, initialised `repr(C)` value with no
+        // padding (the layout test), so its bytes may be read as u8.
+        let raw = unsafe {
+            core::slice::from_raw_parts(
+                (&e as *const ContainerEntry).cast::<u8>(),
+                ContainerEntry::SIZE,
+            )
+        };
+        assert_eq!(&bytes[..], raw);
+        let mut unaligned = [0u8; ContainerEntry::SIZE + 1];
+        unaligned[1..].copy_from_slice(&bytes);
+        assert_eq!(ContainerEntry::from_bytes(&unaligned[1..]), Some(e));
+        assert_eq!(e.id(), b"abc123");
+        assert!(ContainerEntry::from_bytes(&bytes[..127]).is_none());
+        assert!(ContainerEntry::from_bytes(&[0u8; 128]).is_none());
+    }
+
+    #[test]
+    fn long_ids_are_cut_and_flagged() {
+        let long = [b'a'; 80];
+        let e = ContainerEntry::new(&long);
+        assert_eq!(e.id(), &long[..64]);
+        assert_eq!(
+            e.flags & CONTAINER_ENTRY_ID_TRUNCATED,
+            CONTAINER_ENTRY_ID_TRUNCATED
+        );
+        let mut bad = e;
+        bad.id_len = 200;
+        assert_eq!(bad.id().len(), 64);
+    }
+}
