@@ -36,6 +36,7 @@ mod listen;
 mod merge;
 mod metrics;
 mod nri;
+mod pinned;
 mod run;
 mod watch_wire;
 mod wire;

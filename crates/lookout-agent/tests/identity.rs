@@ -252,3 +252,251 @@ fn a_hooked_cri_container_has_its_workload_and_kind_at_added_and_its_digest_as_u
     let (status, log) = agent.stop();
     assert!(status.success(), "{status:?}\n{log}");
 }
+
+// ---------------------------------------------------------------------------
+// The pinned container maps (#56): what a tracer's BPF program looks a task
+// up in. Each test mounts a BPF file system of its own (a bpffs mount is an
+// instance of its own), so tests running side by side share no map.
+
+use aya::maps::{HashMap as BpfHash, MapData};
+use lookout_ebpf_common::{ContainerEntry, RUNTIME_RUNC};
+
+/// A private BPF file system on a temporary directory, unmounted on drop.
+struct BpfFs {
+    dir: tempfile::TempDir,
+}
+
+impl BpfFs {
+    fn mount() -> BpfFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        nix::mount::mount(
+            Some("bpf"),
+            dir.path(),
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .expect("mount -t bpf (root)");
+        BpfFs { dir }
+    }
+
+    /// The agent's pin directory in it.
+    fn pins(&self) -> PathBuf {
+        self.dir.path().join("lookout")
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+type Entries = BpfHash<MapData, u64, [u8; ContainerEntry::SIZE]>;
+
+/// The pinned map `name` under `pins`, opened as a tracer would.
+fn pinned(pins: &Path, name: &str) -> Entries {
+    let data = MapData::from_pin(pins.join(name)).unwrap_or_else(|e| panic!("pin {name}: {e}"));
+    Entries::try_from(aya::maps::Map::HashMap(data)).expect("a hash map of entries")
+}
+
+fn entry(map: &Entries, key: u64) -> Option<ContainerEntry> {
+    map.get(&key, 0)
+        .ok()
+        .and_then(|b| ContainerEntry::from_bytes(&b))
+}
+
+const BY_CGROUP: &str = lookout_ebpf_common::CONTAINERS_BY_CGROUP_MAP;
+const BY_MNTNS: &str = lookout_ebpf_common::CONTAINERS_BY_MNTNS_MAP;
+
+#[test]
+fn a_created_container_is_in_the_pinned_maps_until_it_exits() {
+    if !ready("pinned_maps_lifecycle") {
+        return;
+    }
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
+    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    let mode = std::fs::metadata(&pins).expect("pin directory").mode();
+    assert_eq!(mode & 0o7777, 0o700, "pin directory mode {mode:o}");
+
+    let id = id("pinned-lifecycle");
+    let added = create(&agent, &rt, &b, &id);
+    let c = &added["container"];
+    let pid = c["pid"].as_u64().expect("pid");
+    let cgroup = c["cgroup_id"].as_u64().expect("cgroup id");
+    let mnt = ns_inode(pid, "mnt");
+    // Created, its start not yet asked for: both keys are there.
+    let by_cgroup = pinned(&pins, BY_CGROUP);
+    let by_mntns = pinned(&pins, BY_MNTNS);
+    let e = entry(&by_cgroup, cgroup).expect("the container's cgroup id is a key");
+    assert_eq!(e.id(), id.as_bytes());
+    assert_eq!(e.runtime, RUNTIME_RUNC);
+    assert_eq!(e.pid_ns, ns_inode(pid, "pid"));
+    assert_eq!((e.cgroup_id, e.mnt_ns), (cgroup, mnt));
+    assert_eq!(
+        entry(&by_mntns, mnt),
+        Some(e),
+        "the same entry by mount namespace"
+    );
+    // At least this one (the state scan may find other tests' containers).
+    let metrics = agent.metrics();
+    let written = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("lookout_pinned_map_entries{map=\"containers_by_cgroup\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(written.is_some_and(|n| n >= 1), "{metrics}");
+
+    rt.ok(&["start", &id]);
+    rt.ok(&["kill", &id, "KILL"]);
+    // Removed from the maps before the hub, and so stdout, has `removed`.
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    assert_eq!(entry(&by_cgroup, cgroup), None, "cgroup key left behind");
+    assert_eq!(
+        entry(&by_mntns, mnt),
+        None,
+        "mount namespace key left behind"
+    );
+    rt.cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn a_new_agent_reconciles_the_pins_it_finds_without_emptying_them() {
+    if !ready("pinned_maps_restart") {
+        return;
+    }
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let pin_arg = ["--bpf-pin-dir", pins.to_str().expect("utf-8")];
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "60"], |_| {});
+    let first = Agent::start(&rt, &pin_arg);
+    let (stays, goes) = (id("pinned-stays"), id("pinned-goes"));
+    let stays_cgroup = create(&first, &rt, &b, &stays)["container"]["cgroup_id"]
+        .as_u64()
+        .expect("cgroup id");
+    let goes_cgroup = create(&first, &rt, &b, &goes)["container"]["cgroup_id"]
+        .as_u64()
+        .expect("cgroup id");
+    let (status, log) = first.stop();
+    assert!(status.success(), "{log}");
+
+    let mut by_cgroup = pinned(&pins, BY_CGROUP);
+    // An agent that stops leaves its entries: tracers go on reading them.
+    assert!(entry(&by_cgroup, stays_cgroup).is_some(), "emptied on exit");
+    // While no agent runs: one container ends, and an entry appears for a
+    // cgroup that lives but that no agent will report (a tracer's own
+    // test entry, or a container the new agent has not found yet).
+    rt.cleanup(&goes);
+    let unknown = tempfile::Builder::new()
+        .prefix("lookout-pinned-")
+        .tempdir_in(cgroup_dir(u64::from(std::process::id())))
+        .expect("a cgroup of the test's own");
+    let unknown_cgroup = std::fs::metadata(unknown.path()).expect("cgroup").ino();
+    let fake = ContainerEntry::new(b"not-a-container-lookout-knows");
+    by_cgroup
+        .insert(unknown_cgroup, fake.to_bytes(), 0)
+        .expect("insert an unknown live entry");
+
+    let second = Agent::start(&rt, &pin_arg);
+    // The state scan reports the container that still runs (with its
+    // entry), and the sweep at `ready` removes the gone one's.
+    second.wait_event(&stays, "added", Duration::from_secs(10));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while entry(&by_cgroup, goes_cgroup).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone container's entry stayed:\n{}",
+            second.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = entry(&by_cgroup, stays_cgroup).expect("the running container's entry");
+    assert_eq!(e.id(), stays.as_bytes());
+    assert_eq!(
+        entry(&by_cgroup, unknown_cgroup),
+        Some(fake),
+        "a live cgroup's entry was removed"
+    );
+    second.wait_log("stale pinned map entry removed", Duration::from_secs(5));
+    let metrics = second.metrics();
+    assert!(
+        metrics.contains("lookout_pinned_map_stale_removed_total{map=\"containers_by_cgroup\"} 1"),
+        "{metrics}"
+    );
+
+    rt.cleanup(&stays);
+    by_cgroup
+        .remove(&unknown_cgroup)
+        .expect("remove the test's entry");
+    drop(unknown);
+    let (status, log) = second.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn without_a_bpf_file_system_the_agent_runs_and_says_why() {
+    if !ready("pinned_maps_no_bpffs") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pins = dir.path().join("lookout");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
+    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    agent.wait_log("is not on a BPF file system", Duration::from_secs(5));
+    assert!(!pins.exists(), "nothing made outside a BPF file system");
+    // Discovery goes on without the maps.
+    let id = id("pinned-no-bpffs");
+    create(&agent, &rt, &b, &id);
+    rt.cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
+    let Some(user) = lookout_testsupport::unprivileged_user("pinned_maps_squatter") else {
+        return;
+    };
+    if !ready("pinned_maps_squatter") {
+        return;
+    }
+    // A bpffs root is mode 1777 unless mounted otherwise (Cilium's is):
+    // anyone can make the agent's directory before it starts.
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let made = user
+        .apply(&mut std::process::Command::new("mkdir"))
+        .args(["-m", "0777"])
+        .arg(&pins)
+        .status()
+        .expect("mkdir as the attacker");
+    assert!(made.success());
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
+    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    agent.wait_log(
+        &format!("belongs to uid {}, not root", user.uid),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        std::fs::read_dir(&pins)
+            .expect("the attacker's directory")
+            .count(),
+        0,
+        "the agent pinned a map where the attacker can replace it"
+    );
+    let id = id("pinned-squatter");
+    create(&agent, &rt, &b, &id);
+    rt.cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}

@@ -255,6 +255,29 @@ pub struct RunArgs {
     /// revision).
     #[arg(long, default_value = "1024", value_name = "N")]
     pub(crate) watch_buffer: usize,
+    /// Where the container maps are pinned (`containers_by_cgroup`,
+    /// `containers_by_mntns`; docs/ebpf.md): a directory on a BPF file
+    /// system, in the agent's own mount namespace (mount the host's
+    /// /sys/fs/bpf there), created mode 0700 when missing. One that is not
+    /// root's is refused.
+    #[arg(
+        long,
+        env = "LOOKOUT_BPF_PIN_DIR",
+        default_value = lookout_ebpf_common::CONTAINER_MAPS_DIR,
+        value_name = "DIR",
+        value_parser = absolute_path
+    )]
+    pub(crate) bpf_pin_dir: PathBuf,
+    /// Do not write the pinned container maps.
+    #[arg(long)]
+    pub(crate) no_pinned_maps: bool,
+    /// `max_entries` of each container map (a new map's; a pinned map
+    /// keeps its own). A full map is counted
+    /// (lookout_pinned_map_write_failures) and warned about; the
+    /// container is still reported.
+    #[arg(long, default_value_t = lookout_ebpf_common::CONTAINER_MAPS_MAX_ENTRIES, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub(crate) bpf_map_max_entries: u32,
 }
 
 impl RunArgs {

@@ -34,6 +34,7 @@ use crate::hooks::{HookSettings, HookSink};
 use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
 use crate::k8s_events::{EventLimit, Events};
 use crate::merge;
+use crate::pinned::{PinSink, Pinned};
 
 /// Installs the SIGTERM and SIGINT handlers now, and returns what
 /// waits for either. Installed at once, not when first polled: a signal
@@ -229,7 +230,12 @@ async fn run_async(
     } else {
         Output::Json
     });
-    let (metrics, hub_metrics) = crate::metrics::Metrics::with(crate::hub::HubMetrics::register);
+    let (metrics, (hub_metrics, pin_metrics)) = crate::metrics::Metrics::with(|r| {
+        (
+            crate::hub::HubMetrics::register(r),
+            crate::pinned::PinMetrics::register(r),
+        )
+    });
     let metrics = std::sync::Arc::new(metrics);
     let shared = std::sync::Arc::new(crate::endpoints::Endpoints {
         metrics: std::sync::Arc::clone(&metrics),
@@ -313,9 +319,22 @@ async fn run_async(
         None
     };
     let hub = Hub::new(hub_config(&args), hub_metrics);
-    let (stack, hooks_barrier) =
-        sink_stack(stdout, &hub, hook_settings, events, &side, claims.clone());
-    let hooks_in_flight = stack.inner().in_flight();
+    let pinned = crate::pinned::start(
+        (!args.no_pinned_maps).then_some(args.bpf_pin_dir.as_path()),
+        args.bpf_map_max_entries,
+        &args.host_root,
+        pin_metrics,
+    );
+    let (stack, hooks_barrier) = sink_stack(
+        stdout,
+        &hub,
+        hook_settings,
+        events,
+        &side,
+        claims.clone(),
+        pinned.as_ref().map(|(p, _)| std::sync::Arc::clone(p)),
+    );
+    let hooks_in_flight = stack.inner().inner().in_flight();
     if coordinated {
         hub.keep_subscriptions(crate::handover::Book::new(&args.socket));
     }
@@ -391,7 +410,7 @@ async fn run_async(
     if let Some(h) = backends.hook() {
         let t = h.startup_times();
         clock.split_last(&[("bpf", t.bpf), ("marks", t.marks)]);
-        stack.inner().close_in_hooks(h.group_fd());
+        stack.inner().inner().close_in_hooks(h.group_fd());
         // A start may wait for prestart hooks and gates, then its state
         // read: past that (and a margin), the hook is stuck.
         let bound = start_cap + args.answer_deadline + HEALTH_MARGIN;
@@ -413,6 +432,11 @@ async fn run_async(
         tracing::info!("discovery mode {label} (refused: {refused})");
     }
     let ready = || {
+        // The maps' reconciliation: after the first scan has written what
+        // runs.
+        if let Some((_, sweep)) = pinned {
+            crate::pinned::spawn_sweep(sweep, &side);
+        }
         set_ready(&shared, body);
         control.ready(&hub);
         api.ready();
@@ -469,9 +493,11 @@ struct Runner<'a> {
     index: crate::merge::IndexSlot,
 }
 
-/// The sinks under the merger, outermost first: the consumer hub
-/// (watchers and gates), the hooks and Kubernetes Events, stdout.
-type Stack = HubSink<HookSink<StdoutSink>>;
+/// The sinks under the merger, outermost first: the pinned container maps
+/// (written before the hub, and so before any consumer or start, sees a
+/// container), the consumer hub (watchers and gates), the hooks and
+/// Kubernetes Events, stdout.
+type Stack = PinSink<HubSink<HookSink<StdoutSink>>>;
 
 /// The sink every backend writes to: the merger (one stream from several
 /// backends, with Docker's and the Pod informer's identity) on [`Stack`].
@@ -486,9 +512,11 @@ fn sink_stack(
     events: Option<Events>,
     side: &tokio::runtime::Handle,
     claims: Option<crate::handover::Claims>,
+    pinned: Option<std::sync::Arc<std::sync::Mutex<Pinned>>>,
 ) -> (Stack, crate::hooks::Barrier) {
     let (hooks, barrier) = HookSink::new(stdout, hooks, events, side.clone(), claims);
-    (HubSink::new(std::sync::Arc::clone(hub), hooks), barrier)
+    let hub = HubSink::new(std::sync::Arc::clone(hub), hooks);
+    (PinSink::new(hub, pinned), barrier)
 }
 
 /// How long the start-up waits for NRI's Synchronize before the hook's

@@ -142,6 +142,11 @@ impl Agent {
         {
             cmd.arg("--socket").arg(&socket);
         }
+        // Nor the node's pinned maps: a test that wants them gives its
+        // own --bpf-pin-dir on a private BPF file system (identity.rs).
+        if !extra.iter().any(|a| a.starts_with("--bpf-pin-dir")) {
+            cmd.arg("--no-pinned-maps");
+        }
         cmd.args(extra)
             .env("LOOKOUT_LOG", "info,lookout_runtime_hook=debug")
             .env_remove("NODE_NAME")
