@@ -196,6 +196,16 @@ struct ProbeArgs {
         value_parser = run::absolute_path
     )]
     docker_sockets: Vec<PathBuf>,
+    /// Where `lookout run` pins its container maps (the `bpf:pinned-maps`
+    /// check).
+    #[arg(
+        long,
+        env = "LOOKOUT_BPF_PIN_DIR",
+        default_value = lookout_ebpf_common::CONTAINER_MAPS_DIR,
+        value_name = "DIR",
+        value_parser = run::absolute_path
+    )]
+    bpf_pin_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -329,6 +339,7 @@ fn probe(args: ProbeArgs) -> anyhow::Result<()> {
         .default_runtimes(!args.no_default_runtimes)
         .nri_socket(args.nri_socket)
         .docker_sockets(args.docker_sockets)
+        .bpf_pin_dir(Some(args.bpf_pin_dir))
         .bpf_object(ebpf_object());
     let report = lookout_probe::probe(&opts);
     if args.json || args.output == ProbeOutput::Json {

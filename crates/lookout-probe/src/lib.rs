@@ -37,6 +37,7 @@ mod decide;
 mod errno;
 mod fanotify;
 mod mode;
+mod pinned;
 mod report;
 mod runtimes;
 mod system;
@@ -69,6 +70,7 @@ pub struct ProbeOptions<'a> {
     default_runtimes: bool,
     nri_socket: PathBuf,
     docker_sockets: Vec<PathBuf>,
+    bpf_pin_dir: Option<PathBuf>,
     env: EnvLookup,
 }
 
@@ -81,6 +83,7 @@ impl Default for ProbeOptions<'_> {
             default_runtimes: true,
             nri_socket: PathBuf::from(DEFAULT_NRI_SOCKET),
             docker_sockets: vec![PathBuf::from(lookout_docker::DEFAULT_SOCKET)],
+            bpf_pin_dir: None,
             env: Box::new(|k| std::env::var(k).ok()),
         }
     }
@@ -95,6 +98,7 @@ impl std::fmt::Debug for ProbeOptions<'_> {
             .field("default_runtimes", &self.default_runtimes)
             .field("nri_socket", &self.nri_socket)
             .field("docker_sockets", &self.docker_sockets)
+            .field("bpf_pin_dir", &self.bpf_pin_dir)
             .finish()
     }
 }
@@ -116,6 +120,14 @@ impl<'a> ProbeOptions<'a> {
     /// no check), for the `docker:socket` check.
     pub fn docker_sockets(mut self, sockets: Vec<PathBuf>) -> Self {
         self.docker_sockets = sockets;
+        self
+    }
+
+    /// The directory where `lookout run` pins its container maps (its
+    /// `--bpf-pin-dir`, a path in this mount namespace), for the
+    /// `bpf:pinned-maps` check; `None` (the default): no check.
+    pub fn bpf_pin_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.bpf_pin_dir = dir;
         self
     }
 
@@ -210,6 +222,9 @@ pub fn probe(opts: &ProbeOptions<'_>) -> ProbeReport {
     checks.push(Check::from_result("bpf:btf", &bpf.btf));
     checks.push(Check::from_result("bpf:ringbuf", &bpf.ringbuf));
     checks.push(Check::from_result("bpf:tracepoint", &bpf.tracepoint));
+    if let Some(dir) = &opts.bpf_pin_dir {
+        checks.push(Check::from_result("bpf:pinned-maps", &pinned::check(dir)));
+    }
 
     let kube = system::kube_config(&env);
     let node = system::node_name(&env);

@@ -172,8 +172,11 @@ pub fn cgroup_version() -> Result<String, Fail> {
     }
 }
 
-fn statfs_magic(path: &str) -> std::io::Result<libc::c_long> {
-    let c = std::ffi::CString::new(path).map_err(std::io::Error::other)?;
+/// `statfs(2)`'s `f_type` of the file system `path` is on.
+pub(crate) fn statfs_magic(path: impl AsRef<std::path::Path>) -> std::io::Result<libc::c_long> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_ref().as_os_str().as_bytes())
+        .map_err(std::io::Error::other)?;
     // SAFETY: zeroed is a valid bit pattern for the plain C struct statfs.
     let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is NUL-terminated and `buf` is a valid, writable statfs.

@@ -258,6 +258,7 @@ async fn run_async(
                 args.docker_sockets.clone()
             })
             .bpf_object(bpf_object)
+            .bpf_pin_dir((!args.no_pinned_maps).then(|| args.bpf_pin_dir.clone()))
             .env(move |k| match k {
                 "NODE_NAME" => node_name.clone(),
                 "KUBECONFIG" => kubeconfig
