@@ -10,6 +10,7 @@ use aya_ebpf::helpers::{
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{HashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::TracePointContext;
+use aya_log_ebpf::{trace, warn};
 use lookout_ebpf_common::{
     ARG_LEN, ARGS_SIZE, EXEC_EVENTS_BYTES, EXEC_FILTER_CAPACITY, EXEC_FLAG_EXECVEAT, EXEC_FLAG_TRUNCATED,
     ExecEvent, ExecFilterKey, FILENAME_LEN, MAX_ARGS,
@@ -205,7 +206,19 @@ pub fn capture(ctx: &TracePointContext, filename_off: usize, argv_off: usize, fl
     let used = ExecEvent::HEADER + if off < ARGS_SIZE { off } else { ARGS_SIZE };
     // SAFETY: `used` <= ExecEvent::SIZE bytes of the scratch record.
     let bytes = unsafe { core::slice::from_raw_parts(ev.cast::<u8>(), used) };
-    EXEC_EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).map_err(i64::from)
+    let tgid = (pid_tgid >> 32) as u32;
+    match EXEC_EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP) {
+        Ok(()) => {
+            trace!(ctx, "runtime exec recorded: tgid {}, {} arguments, {} bytes", tgid, argc, used);
+            Ok(())
+        }
+        Err(e) => {
+            // User space pairs the exec without its argv (and counts it);
+            // this says why.
+            warn!(ctx, "runtime exec of tgid {} not recorded: the exec ring buffer is full ({})", tgid, e);
+            Err(i64::from(e))
+        }
+    }
 }
 
 pub const FLAGS_EXECVE: u32 = 0;

@@ -5,6 +5,8 @@
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::HashMap;
+use aya_ebpf::programs::TracePointContext;
+use aya_log_ebpf::warn;
 use lookout_ebpf_common::EXIT_CAPACITY;
 
 /// Offset of `exit_code` in `struct task_struct`; set by the loader from
@@ -19,7 +21,7 @@ static WATCHED_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(EXIT_CAPACITY,
 static EXIT_CODES: HashMap<u32, i32> = HashMap::with_max_entries(EXIT_CAPACITY, 0);
 
 #[inline(always)]
-pub fn record() -> Result<(), i64> {
+pub fn record(ctx: &TracePointContext) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if pid_tgid as u32 != tgid {
@@ -40,6 +42,9 @@ pub fn record() -> Result<(), i64> {
     // SAFETY: bpf_probe_read_kernel checks the address; the offset comes
     // from this kernel's BTF.
     let code: i32 = unsafe { bpf_probe_read_kernel(task.wrapping_add(off) as *const i32) }?;
-    EXIT_CODES.insert(&tgid, &code, 0)?;
+    if let Err(e) = EXIT_CODES.insert(&tgid, &code, 0) {
+        warn!(ctx, "exit code of container init {} not recorded ({}): the exit map is full", tgid, e);
+        return Err(i64::from(e));
+    }
     Ok(())
 }

@@ -103,8 +103,8 @@ tracepoint! {
 
 tracepoint! {
     /// Exit codes of watched container processes, at `sched/sched_process_exit`.
-    fn lookout_exit(_ctx) {
-        let _ = exit::record();
+    fn lookout_exit(ctx) {
+        let _ = exit::record(&ctx);
     }
 }
 

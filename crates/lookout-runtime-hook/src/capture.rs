@@ -268,6 +268,7 @@ pub struct ExecCapture {
     ring: Option<ArgvRing>,
     filter: BpfHashMap<MapData, ExecFilterKey, u8>,
     exit: Option<ExitCodes>,
+    log: Option<crate::bpf_log::BpfLog>,
 }
 
 /// The maps of the exit-code program.
@@ -380,6 +381,10 @@ impl ExecCapture {
         loader.override_global(TASK_EXIT_CODE_OFFSET_GLOBAL, &exit_offset, true);
         loader.override_global(HOST_PIDNS_DEV_GLOBAL, &pidns_dev, true);
         loader.override_global(HOST_PIDNS_INO_GLOBAL, &pidns_ino, true);
+        // The programs' diagnostics: only the levels the log shows are
+        // written at all.
+        let log_level = crate::bpf_log::level();
+        loader.override_global(aya_log::LEVEL, &log_level, false);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| bpf_err("loading the BPF object", e))?;
@@ -413,7 +418,9 @@ impl ExecCapture {
                 }
             }
         };
+        let log = crate::bpf_log::BpfLog::take(&mut ebpf);
         let mut capture = ExecCapture {
+            log,
             _ebpf: ebpf,
             ring: Some(ArgvRing {
                 ring,
@@ -486,6 +493,12 @@ impl ExecCapture {
     /// thread. Afterwards [`ExecCapture::take`] finds nothing.
     pub fn take_ring(&mut self) -> Option<ArgvRing> {
         self.ring.take()
+    }
+
+    /// The reader of the programs' diagnostics, to run as a task of its
+    /// own ([`BpfLog::run`](crate::bpf_log::BpfLog::run)); once.
+    pub fn take_log(&mut self) -> Option<crate::bpf_log::BpfLog> {
+        self.log.take()
     }
 
     /// The latest record of thread `tid`, if any (drains the ring first).

@@ -29,6 +29,7 @@
 mod answer;
 pub mod argv;
 mod bounded;
+pub mod bpf_log;
 pub mod btf;
 mod capture;
 mod container;

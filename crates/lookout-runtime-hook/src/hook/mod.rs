@@ -149,6 +149,15 @@ impl std::fmt::Debug for RuntimeHook {
 
 const MAX_LEARNED_ROOTS: usize = 64;
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl RuntimeHook {
     /// Sets up a hook; see [`Builder`].
     pub fn builder() -> Builder {
@@ -285,6 +294,13 @@ impl RuntimeHook {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Stats {
         tokio::pin!(shutdown);
+        // The BPF programs' diagnostics, on a task of their own: woken only
+        // when a program wrote one.
+        let bpf_log = self
+            .capture
+            .as_mut()
+            .and_then(ExecCapture::take_log)
+            .map(|log| AbortOnDrop(tokio::spawn(log.run())));
         let mut sweep = tokio::time::interval(Duration::from_secs(10));
         let rescan = self.config.rescan.clone();
         let mut rescan_tick = tokio::time::interval(
@@ -318,6 +334,7 @@ impl RuntimeHook {
                 }
             }
         }
+        drop(bpf_log);
         // Dropping `self` answers everything still queued (see Drop).
         self.counters.stats()
     }
