@@ -32,6 +32,7 @@ pub fn run_against(
     sha: &str,
 ) -> anyhow::Result<()> {
     crate::prepare(opts)?;
+    let _pins = crate::agent::PinFsGuard;
     let discovery_only = discovery_only(opts)?;
     say(
         "bench",

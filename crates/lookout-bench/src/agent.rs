@@ -69,6 +69,51 @@ impl AgentCgroup {
     }
 }
 
+/// A BPF file system of the benchmark's own (mounted at the first agent's
+/// start), where each agent pins its container maps in a directory of its
+/// own: what a node's agent writes, without the node's /sys/fs/bpf. An
+/// agent of a revision before the maps ignores the variable.
+static PIN_FS: std::sync::Mutex<Option<(PathBuf, u32)>> = std::sync::Mutex::new(None);
+
+/// Unmounts the benchmark's BPF file system when dropped.
+pub(crate) struct PinFsGuard;
+
+impl Drop for PinFsGuard {
+    fn drop(&mut self) {
+        let taken = PIN_FS.lock().ok().and_then(|mut fs| fs.take());
+        if let Some((dir, _)) = taken {
+            let _ = Command::new("umount").arg("-l").arg(&dir).status();
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// A new pin directory for an agent (`None`, said once, if no BPF file
+/// system can be mounted: the agents then run without maps).
+fn next_pin_dir() -> Option<PathBuf> {
+    let mut fs = PIN_FS.lock().ok()?;
+    if fs.is_none() {
+        let dir = std::env::temp_dir().join(format!("lookout-bench-bpffs-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let mounted = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            say(
+                "bench",
+                "cannot mount a BPF file system: agents run without pinned maps",
+            );
+            return None;
+        }
+        *fs = Some((dir, 0));
+    }
+    let (dir, n) = fs.as_mut()?;
+    *n += 1;
+    Some(dir.join(format!("agent-{n}")))
+}
+
 impl Agent {
     /// Starts the agent with stdout and stderr in `work` and waits for its
     /// `ready` line; returns it and the time to ready.
@@ -82,6 +127,9 @@ impl Agent {
         let t = Instant::now();
         let mut command = Command::new(bin);
         command.args(["run", "--output", "json"]).args(args);
+        if let Some(pins) = next_pin_dir() {
+            command.env("LOOKOUT_BPF_PIN_DIR", pins);
+        }
         if let Some(cg) = AGENT_CGROUP.get() {
             command = cg.wrap(&command);
         }

@@ -36,6 +36,7 @@ mod host;
 mod inode;
 mod nri;
 mod parts;
+mod pinned;
 mod print;
 mod startup;
 mod stats;
@@ -207,6 +208,7 @@ impl Paths {
 /// each part's table.
 pub fn run(opts: &Options, paths: &Paths) -> anyhow::Result<()> {
     prepare(opts)?;
+    let _pins = agent::PinFsGuard;
     if opts.against.is_some() {
         bail!("--against: see run_against");
     }

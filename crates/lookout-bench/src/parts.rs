@@ -115,6 +115,18 @@ pub(crate) const PARTS: &[Part] = &[
         print: |report| nri::print(&report["nri"]),
     },
     Part {
+        name: "pinned-maps",
+        about: "the pinned container maps: kernel memory at max_entries, a write's cost",
+        in_full_run: true,
+        needs: Needs {
+            agent: false,
+            floors: false,
+            inode_tools: false,
+        },
+        run: |_, _| Ok(entries([("pinned_maps", crate::pinned::measure()?)])),
+        print: |report| crate::pinned::print(&report["pinned_maps"]),
+    },
+    Part {
         name: "inode-map",
         about: "the inode map's modes and a listing through stablefs",
         in_full_run: true,
