@@ -97,6 +97,26 @@ pub(crate) fn check(guest: &Guest, text: &str) -> Value {
             problems.push(format!("{mode}: {}", l["fields"]));
         }
         let metrics = body(&format!("metrics.{mode}"));
+        // The container maps (the guest mounts bpffs at /sys/fs/bpf): an
+        // entry written for each container added with a cgroup id, none
+        // refused, on every kernel.
+        let keyed = results
+            .values()
+            .filter(|r| r["cgroup_id"].as_u64().is_some())
+            .count();
+        let writes = metric(
+            metrics,
+            "pinned_map_writes_total{map=\"containers_by_cgroup\"}",
+        );
+        let failures = metric(metrics, "pinned_map_write_failures_total");
+        if writes.unwrap_or(0.0) < keyed as f64 {
+            problems.push(format!(
+                "{mode}: {keyed} containers with a cgroup id, {writes:?} pinned map entries written"
+            ));
+        }
+        if failures.unwrap_or(0.0) > 0.0 {
+            problems.push(format!("{mode}: pinned map writes failed: {failures:?}"));
+        }
         modes.insert(
             mode.to_owned(),
             json!({
@@ -104,6 +124,7 @@ pub(crate) fn check(guest: &Guest, text: &str) -> Value {
                 "containers": results,
                 "warnings": warnings,
                 "unread_argv": metric(metrics, "unread_argv"),
+                "pinned_map_writes": writes,
                 "memory_kb": memory_kb(body(&format!("memory.{mode}"))),
             }),
         );

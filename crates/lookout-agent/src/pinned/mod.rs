@@ -420,6 +420,7 @@ struct FailureLabels {
 #[derive(Clone)]
 pub(crate) struct PinMetrics {
     entries: Family<MapLabels, Gauge>,
+    writes: Family<MapLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     stale: Family<MapLabels, Counter>,
 }
@@ -433,6 +434,12 @@ impl PinMetrics {
                 r,
                 "pinned_map_entries",
                 "Entries this agent wrote and holds in each pinned container map",
+                Family::default(),
+            ),
+            writes: register(
+                r,
+                "pinned_map_writes",
+                "Container entries written (a new container, or a new key or entry of one)",
                 Family::default(),
             ),
             failures: register(
@@ -457,6 +464,14 @@ impl PinMetrics {
                 map: which.pin_name(),
             })
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn written(&self, which: Which) {
+        self.writes
+            .get_or_create(&MapLabels {
+                map: which.pin_name(),
+            })
+            .inc();
     }
 
     fn failed(&self, which: Which, reason: &'static str) {

@@ -143,6 +143,7 @@ impl Pinned {
                 .insert(key, entry.to_bytes(), BPF_ANY)
             {
                 Ok(()) => {
+                    self.metrics.written(which);
                     now.set_key(which, Some(key));
                     self.owners.insert((which, key), id.to_owned());
                 }
@@ -334,6 +335,159 @@ mod tests {
         c.cgroup_id = None;
         c.namespaces.mnt = None;
         assert!(wanted(&c, None).is_none());
+    }
+
+    /// Unpinned maps made as the agent makes them; `None` (loudly, and a
+    /// failure under CI) without the privilege to make BPF maps.
+    fn maps(test: &str) -> Option<Pinned> {
+        let make = || {
+            let def = |_| {
+                aya_obj::Map::new_from_params(
+                    1,
+                    8,
+                    ContainerEntry::SIZE as u32,
+                    4,
+                    common::CONTAINER_MAPS_FLAGS,
+                )
+            };
+            let one = |which: Which| {
+                aya::maps::MapData::create(def(which), "lookout_test", None)
+                    .and_then(|d| super::super::EntryMap::try_from(aya::maps::Map::HashMap(d)))
+            };
+            Ok::<_, aya::maps::MapError>(Maps {
+                by_cgroup: one(Which::Cgroup)?,
+                by_mntns: one(Which::Mntns)?,
+            })
+        };
+        match make() {
+            Ok(maps) => {
+                let metrics =
+                    PinMetrics::register(&mut prometheus_client::registry::Registry::default());
+                let mut p = Pinned::new(maps, metrics);
+                p.host_mntns = Some(4026531840);
+                Some(p)
+            }
+            Err(e) => {
+                let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+                assert!(!ci, "{test}: cannot make BPF maps under CI: {e}");
+                eprintln!("\n!!! SKIPPED {test}: cannot make BPF maps (root needed): {e}\n");
+                None
+            }
+        }
+    }
+
+    fn read(p: &Pinned, which: Which, key: u64) -> Option<ContainerEntry> {
+        p.maps
+            .get(which)
+            .get(&key, 0)
+            .ok()
+            .and_then(|b| ContainerEntry::from_bytes(&b))
+    }
+
+    fn event(kind: EventKind, c: Container) -> ContainerEvent {
+        let c = std::sync::Arc::new(c);
+        match kind {
+            EventKind::Added => ContainerEvent::added(lookout_model::Source::RuntimeHook, c),
+            EventKind::Updated => ContainerEvent::updated(lookout_model::Source::Informer, c),
+            _ => ContainerEvent::removed(lookout_model::Source::RuntimeHook, c, None),
+        }
+    }
+
+    #[test]
+    fn entries_follow_added_updated_and_removed() {
+        let Some(mut p) = maps("pinned_sink_lifecycle") else {
+            return;
+        };
+        let mut c = container("abc");
+        c.kind = None;
+        p.apply(&event(EventKind::Added, c.clone()));
+        let e = read(&p, Which::Cgroup, 77).expect("written at added");
+        assert_eq!(
+            (e.kind, e.cgroup_id, e.mnt_ns),
+            (common::CONTAINER_KIND_UNKNOWN, 77, 4026532001)
+        );
+        assert_eq!(read(&p, Which::Mntns, 4026532001), Some(e));
+        // An update that knows the kind rewrites both entries; one that
+        // knows less (no keys) keeps them.
+        c.kind = Some(ContainerKind::Sandbox);
+        p.apply(&event(EventKind::Updated, c.clone()));
+        assert_eq!(
+            read(&p, Which::Cgroup, 77).map(|e| e.kind),
+            Some(common::CONTAINER_KIND_SANDBOX)
+        );
+        assert_eq!(
+            read(&p, Which::Mntns, 4026532001).map(|e| e.kind),
+            Some(common::CONTAINER_KIND_SANDBOX)
+        );
+        let mut less = c.clone();
+        less.cgroup_id = None;
+        less.namespaces.mnt = None;
+        p.apply(&event(EventKind::Updated, less.clone()));
+        assert!(read(&p, Which::Cgroup, 77).is_some());
+        // A new cgroup id moves the entry.
+        let mut moved = c.clone();
+        moved.cgroup_id = Some(78);
+        p.apply(&event(EventKind::Updated, moved));
+        assert!(read(&p, Which::Cgroup, 77).is_none());
+        assert_eq!(read(&p, Which::Cgroup, 78).map(|e| e.cgroup_id), Some(78));
+        assert_eq!(
+            read(&p, Which::Mntns, 4026532001).map(|e| e.cgroup_id),
+            Some(78)
+        );
+        // Removed: whatever the event says, what was written goes.
+        p.apply(&event(EventKind::Removed, less));
+        assert!(read(&p, Which::Cgroup, 78).is_none());
+        assert!(read(&p, Which::Mntns, 4026532001).is_none());
+        assert!(!p.owns(Which::Cgroup, 78));
+    }
+
+    #[test]
+    fn a_key_another_live_container_holds_is_not_taken() {
+        let Some(mut p) = maps("pinned_sink_conflict") else {
+            return;
+        };
+        p.apply(&event(EventKind::Added, container("first")));
+        // Same cgroup and mount namespace (a runtime told to join them).
+        p.apply(&event(EventKind::Added, container("second")));
+        assert_eq!(
+            read(&p, Which::Cgroup, 77).map(|e| e.id().to_vec()),
+            Some(b"first".to_vec())
+        );
+        // The second's removal leaves the first's entries.
+        p.apply(&event(EventKind::Removed, container("second")));
+        assert_eq!(
+            read(&p, Which::Cgroup, 77).map(|e| e.id().to_vec()),
+            Some(b"first".to_vec())
+        );
+        assert!(read(&p, Which::Mntns, 4026532001).is_some());
+    }
+
+    #[test]
+    fn a_full_map_is_counted_and_the_rest_goes_on() {
+        let Some(mut p) = maps("pinned_sink_full") else {
+            return;
+        };
+        // The test maps hold 4.
+        for n in 0..5u64 {
+            let mut c = container(&format!("c{n}"));
+            c.cgroup_id = Some(100 + n);
+            c.namespaces.mnt = Some(5000 + n);
+            p.apply(&event(EventKind::Added, c));
+        }
+        assert!(read(&p, Which::Cgroup, 103).is_some());
+        assert!(
+            read(&p, Which::Cgroup, 104).is_none(),
+            "a fifth entry in a map of 4"
+        );
+        // Room again once one goes.
+        let mut gone = container("c0");
+        gone.cgroup_id = Some(100);
+        p.apply(&event(EventKind::Removed, gone));
+        let mut again = container("c4");
+        again.cgroup_id = Some(104);
+        again.namespaces.mnt = Some(5004);
+        p.apply(&event(EventKind::Updated, again));
+        assert!(read(&p, Which::Cgroup, 104).is_some());
     }
 
     #[test]
