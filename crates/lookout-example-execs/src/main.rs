@@ -118,7 +118,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         .with_context(|| format!("{PROGRAM} is not a tracepoint program"))?;
     program
         .load()
-        .with_context(|| format!("loading {PROGRAM} (the verifier's log is above)"))?;
+        .with_context(|| format!("loading {PROGRAM} into the kernel"))?;
     program
         .attach(TRACEPOINT_CATEGORY, TRACEPOINT)
         .with_context(|| {
