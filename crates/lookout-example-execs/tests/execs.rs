@@ -24,6 +24,7 @@ use lookout_ebpf_common::{
     CONTAINERS_BY_CGROUP_MAP, CONTAINERS_BY_MNTNS_KERNEL_NAME, CONTAINERS_BY_MNTNS_MAP,
     ContainerEntry,
 };
+use lookout_testsupport::perf::TracepointSampler;
 use lookout_testsupport::{require_root, skip, wait_until};
 
 /// The example binary.
@@ -267,8 +268,8 @@ impl Cgroup {
     }
 
     /// Runs `/bin/true` in this cgroup: a child that moves itself in
-    /// (writes "0" to `cgroup.procs`) and then execs once.
-    fn exec_true(&self) {
+    /// (writes "0" to `cgroup.procs`) and then execs once. Returns its pid.
+    fn exec_true(&self) -> u32 {
         let procs = std::fs::OpenOptions::new()
             .write(true)
             .open(self.path.join("cgroup.procs"))
@@ -287,11 +288,13 @@ impl Cgroup {
                 }
             });
         }
-        let status = command
-            .status()
+        let mut child = command
+            .spawn()
             .unwrap_or_else(|e| panic!("running /bin/true in {}: {e}", self.path.display()));
+        let status = child.wait().expect("waiting for /bin/true");
         assert!(status.success(), "/bin/true in a cgroup: {status}");
         drop(procs);
+        child.id()
     }
 }
 
@@ -448,10 +451,23 @@ privileged_test! {
 
         let mut example = Example::start(bpffs.path());
         example.wait_attached();
+        let mut perf = TracepointSampler::open("sched", "sched_process_exec", 16 * 4096)
+            .unwrap_or_else(|e| panic!("a perf reader of sched:sched_process_exec: {e}"));
         // The exec that must not count first: when the container's line
         // shows, the counters were read after both execs.
-        elsewhere.exec_true();
-        container.exec_true();
+        let execs = [elsewhere.exec_true(), container.exec_true()];
+
+        // The program returns 1, not 0: a perf reader of the tracepoint
+        // still gets both samples (0 would drop them for every reader).
+        let seen: Vec<u32> = perf.drain().iter().map(|hit| hit.pid).collect();
+        for pid in execs {
+            assert!(
+                seen.contains(&pid),
+                "a perf reader of sched:sched_process_exec missed pid {pid}'s exec while the \
+                 example ran (lost {}): does the program return 0?",
+                perf.lost()
+            );
+        }
 
         wait_until(
             DEADLINE,
