@@ -1,4 +1,4 @@
-//! `cargo xtask build-ebpf`.
+//! `cargo xtask build-ebpf`: the agent's BPF object and the example consumer's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,19 +37,58 @@ pub fn object_path() -> PathBuf {
     workspace_root().join("target/bpf/lookout-ebpf.o")
 }
 
-/// Builds the BPF object; returns its path.
+/// The object path `lookout-example-execs` embeds.
+pub fn example_execs_object_path() -> PathBuf {
+    workspace_root().join("target/bpf/lookout-example-execs.o")
+}
+
+/// One BPF crate of the repository: where it is, the binary it builds and
+/// where the object goes.
+struct BpfCrate {
+    /// Directory under the workspace root.
+    dir: &'static str,
+    /// Its `[[bin]]` name: the file cargo writes.
+    bin: &'static str,
+    /// Where the object is copied to.
+    dest: PathBuf,
+}
+
+/// Builds the BPF objects: the agent's (`target/bpf/lookout-ebpf.o`, whose
+/// path it returns) and the example consumer's
+/// (`target/bpf/lookout-example-execs.o`).
 pub fn build_ebpf(opts: &Options) -> anyhow::Result<PathBuf> {
     let tc = &opts.toolchain;
     ensure_toolchain(tc)?;
     let linker_dir = ensure_bpf_linker(tc)?;
+    let agent = BpfCrate {
+        dir: "crates/lookout-ebpf",
+        bin: "lookout-ebpf",
+        dest: object_path(),
+    };
+    let example = BpfCrate {
+        dir: "crates/lookout-example-execs-ebpf",
+        bin: "lookout-example-execs-ebpf",
+        dest: example_execs_object_path(),
+    };
+    build_crate(tc, &linker_dir, &agent)?;
+    build_crate(tc, &linker_dir, &example)?;
+    Ok(agent.dest)
+}
 
+/// Builds one BPF crate and copies its object to `krate.dest` if it changed.
+///
+/// Every crate builds into the same `target/ebpf` with the same flags and
+/// profiles, so `-Z build-std=core` and aya-ebpf are compiled once for all
+/// of them.
+fn build_crate(tc: &str, linker_dir: &Path, krate: &BpfCrate) -> anyhow::Result<()> {
     let root = workspace_root();
-    let crate_dir = root.join("crates/lookout-ebpf");
+    let crate_dir = root.join(krate.dir);
     let target_dir = root.join("target/ebpf");
-    let path = std::env::join_paths(std::iter::once(linker_dir.clone()).chain(
+    let path = std::env::join_paths(std::iter::once(linker_dir.to_path_buf()).chain(
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
     ))
     .context("building PATH")?;
+    say(STEP, &format!("building {}", krate.dir));
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&crate_dir)
         .arg(format!("+{tc}"))
@@ -75,24 +114,30 @@ pub fn build_ebpf(opts: &Options) -> anyhow::Result<PathBuf> {
     exec(
         STEP,
         &mut cmd,
-        "read the compiler error above; the BPF crate must build with `cargo +nightly build -Z build-std=core --target bpfel-unknown-none`",
+        &format!(
+            "read the compiler error above; {} must build with `cargo +nightly build -Z build-std=core --target bpfel-unknown-none`",
+            krate.dir
+        ),
     )?;
 
-    let built = target_dir.join("bpfel-unknown-none/release/lookout-ebpf");
+    let built = target_dir
+        .join("bpfel-unknown-none/release")
+        .join(krate.bin);
     let bytes = std::fs::read(&built)
         .with_context(|| format!("step '{STEP}': reading {}", built.display()))?;
-    let dest = object_path();
+    let dest = &krate.dest;
     std::fs::create_dir_all(dest.parent().unwrap_or(Path::new(".")))
         .context("creating target/bpf")?;
-    // Only rewrite on change, so the agent is not rebuilt for nothing.
-    if std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
-        std::fs::write(&dest, &bytes).with_context(|| format!("writing {}", dest.display()))?;
+    // Only rewrite on change, so the binaries that embed it are not rebuilt
+    // for nothing.
+    if std::fs::read(dest).ok().as_deref() != Some(&bytes[..]) {
+        std::fs::write(dest, &bytes).with_context(|| format!("writing {}", dest.display()))?;
     }
     say(
         STEP,
         &format!("BPF object: {} ({} bytes)", dest.display(), bytes.len()),
     );
-    Ok(dest)
+    Ok(())
 }
 
 pub(crate) fn ensure_toolchain(tc: &str) -> anyhow::Result<()> {
