@@ -25,7 +25,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Build the BPF programs (nightly, build-std=core, BTF) into
-    /// target/bpf/lookout-ebpf.o, installing rust-src and bpf-linker if missing.
+    /// target/bpf/lookout-ebpf.o, and the example consumer's into
+    /// target/bpf/lookout-example-execs.o, installing rust-src and bpf-linker
+    /// if missing.
     BuildEbpf(build_ebpf::Options),
     /// Install what the tests need (as root), build the BPF programs, run all
     /// tests; with `--repeat N [FILTER]`, run them N times and report flakes.

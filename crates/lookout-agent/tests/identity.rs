@@ -2,8 +2,10 @@
 //! programs see (`bpf_get_current_cgroup_id()`), every namespace of the
 //! init, a user namespace's id maps; and, with the fallback Pod informer
 //! against the test API server, the pod's workload and the container's
-//! kind at `added`, its image digest as `updated`. Real runc containers,
-//! as root; each test its own agent and runc copy (see `common`).
+//! kind at `added`, its image digest as `updated`. The same keys as the
+//! pinned BPF maps a tracer looks tasks up in (#56), and the agent's BPF
+//! programs' own diagnostics. Real runc containers, as root; each test its
+//! own agent and runc copy (see `common`).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -499,4 +501,120 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
     rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
+}
+
+/// `crates/lookout-example-execs`, built beside the agent by the same
+/// `cargo test` (a workspace member); `None` when it was not built.
+fn example_execs() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_BIN_EXE_lookout")).parent()?;
+    let bin = dir.join("lookout-example-execs");
+    bin.is_file().then_some(bin)
+}
+
+/// The proof that an entry is written before the container's first
+/// instruction: a tracer's own program (the aya example consumer), which
+/// counts execs by the cgroup ids in the pinned map, counts the container's
+/// entrypoint exec, the first thing it runs, under the container's id.
+#[test]
+fn a_tracer_counts_a_containers_first_exec_under_its_id() {
+    if !ready("pinned_maps_example_consumer") {
+        return;
+    }
+    let Some(example) = example_execs() else {
+        lookout_testsupport::skip(
+            "pinned_maps_example_consumer",
+            "lookout-example-execs is not built (cargo test --workspace builds it)",
+        );
+        return;
+    };
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One exec in the container: its entrypoint (busybox's true).
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/true"], |_| {});
+    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    let err = dir.path().join("example.err");
+    let out = dir.path().join("example.out");
+    let mut consumer = KillOnDrop(
+        std::process::Command::new(&example)
+            .args([
+                "--pin-dir",
+                pins.to_str().expect("utf-8"),
+                "--json",
+                "--interval",
+                "100ms",
+            ])
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("start the example consumer"),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&err)
+        .unwrap_or_default()
+        .contains("attached")
+    {
+        let exited = consumer.0.try_wait().expect("try_wait");
+        assert!(
+            exited.is_none() && std::time::Instant::now() < deadline,
+            "the example consumer never attached:\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = id("pinned-first-exec");
+    let cgroup = create(&agent, &rt, &b, &id)["container"]["cgroup_id"].clone();
+    rt.ok(&["start", &id]);
+    agent.wait_event(&id, "removed", Duration::from_secs(10));
+    // The entry went with the container; the program copied it when it
+    // counted the first exec.
+    let line = format!("\"container_id\":\"{id}\"");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let counted = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if let Some(l) = text.lines().rev().find(|l| l.contains(&line)) {
+            break serde_json::from_str::<Value>(l).expect("a JSON line");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the example consumer never counted {id}:\n{text}\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(counted["execs"], 1, "{counted}");
+    assert_eq!(counted["cgroup_id"], cgroup, "{counted}");
+    drop(consumer);
+    rt.cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
+
+// ---------------------------------------------------------------------------
+// The BPF programs' own diagnostics (aya-log), beside the maps they serve.
+
+/// The BPF programs' aya-log records reach the agent's log, as target
+/// `lookout_ebpf`, when its filter shows them (they are not written at all
+/// otherwise: `bpf_log::level` sets the programs' level at load).
+#[test]
+fn the_bpf_programs_diagnostics_reach_the_agents_log() {
+    if !ready("bpf_log") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let agent = Agent::start_with(
+        Some(&rt),
+        &[],
+        &[("LOOKOUT_LOG", "info,lookout_ebpf=trace")],
+        None,
+    );
+    assert!(agent.log().contains("bpf=true"), "{}", agent.log());
+    let version = rt.run(&["--version"]);
+    assert!(version.status.success());
+    agent.wait_log_line(
+        &["lookout_ebpf", "runtime exec recorded: tgid"],
+        Duration::from_secs(10),
+    );
+    drop(agent);
 }

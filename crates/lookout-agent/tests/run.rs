@@ -191,31 +191,6 @@ fn perf_readers_of_the_agents_tracepoints_still_see_their_events() {
     drop(agent);
 }
 
-/// The BPF programs' aya-log records reach the agent's log, as target
-/// `lookout_ebpf`, when its filter shows them (they are not written at all
-/// otherwise: `bpf_log::level` sets the programs' level at load).
-#[test]
-fn the_bpf_programs_diagnostics_reach_the_agents_log() {
-    if !ready("bpf_log") {
-        return;
-    }
-    let rt = Runtime::runc();
-    let agent = Agent::start_with(
-        Some(&rt),
-        &[],
-        &[("LOOKOUT_LOG", "info,lookout_ebpf=trace")],
-        None,
-    );
-    assert!(agent.log().contains("bpf=true"), "{}", agent.log());
-    let version = rt.run(&["--version"]);
-    assert!(version.status.success());
-    agent.wait_log_line(
-        &["lookout_ebpf", "runtime exec recorded: tgid"],
-        Duration::from_secs(10),
-    );
-    drop(agent);
-}
-
 /// Each thread of process `pid` by name, with its scheduler slice as the
 /// kernel reports it (`None` before Linux 6.12).
 fn slices(pid: u32) -> Vec<(String, Option<Duration>)> {

@@ -59,7 +59,7 @@ static CONTAINERS_BY_CGROUP: HashMap<u64, ContainerEntry> =
 /// `BPF_F_NO_PREALLOC`: an element is freed only after an RCU grace
 /// period, so a pointer from a lookup stays valid while the program runs.
 #[map(name = "EXECS_BY_CGROUP")]
-static EXECS_BY_CGROUP: HashMap<u64, u64> =
+static EXECS_BY_CGROUP: HashMap<u64, Counted> =
     HashMap::with_max_entries(CONTAINER_MAPS_MAX_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// What the program returns: keep the event.
@@ -70,6 +70,17 @@ static EXECS_BY_CGROUP: HashMap<u64, u64> =
 /// `#[tracepoint]` macro returns 0 whatever the function returns, so this
 /// program is written out by [`tracepoint!`], as lookout's own are (see
 /// `crates/lookout-ebpf/src/main.rs`).
+/// A counter, and the entry of the container it counts, copied at its
+/// first exec: user space learns whose cgroup it was even when the
+/// container has exited (and its entry gone) by the time it reads.
+/// `execs` first, then the 128-byte [`ContainerEntry`]: 136 bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Counted {
+    execs: u64,
+    entry: ContainerEntry,
+}
+
 const KEEP_EVENT: u32 = 1;
 
 /// A tracepoint program as aya's `#[tracepoint]` makes one (same section,
@@ -94,8 +105,11 @@ tracepoint! {
     fn count_execs(_ctx) {
         // SAFETY: the helper has no preconditions.
         let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-        if CONTAINERS_BY_CGROUP.get_ptr(cgroup_id).is_some() {
-            count(cgroup_id);
+        if let Some(entry) = CONTAINERS_BY_CGROUP.get_ptr(cgroup_id) {
+            // SAFETY: a value of our map's type, copied at once (the agent
+            // may remove it meanwhile; the copy is what was there).
+            let entry = unsafe { *entry };
+            count(cgroup_id, entry);
         }
     }
 }
@@ -108,12 +122,12 @@ tracepoint! {
 /// winner's counter. A second failure means the map is full (or the entry
 /// went again): the exec is not counted.
 #[inline(always)]
-fn count(cgroup_id: u64) {
+fn count(cgroup_id: u64, entry: ContainerEntry) {
     if add_one(cgroup_id) {
         return;
     }
     if EXECS_BY_CGROUP
-        .insert(cgroup_id, 1, u64::from(BPF_NOEXIST))
+        .insert(cgroup_id, Counted { execs: 1, entry }, u64::from(BPF_NOEXIST))
         .is_ok()
     {
         return;
@@ -127,13 +141,13 @@ fn add_one(cgroup_id: u64) -> bool {
     let Some(counter) = EXECS_BY_CGROUP.get_ptr_mut(cgroup_id) else {
         return false;
     };
-    // SAFETY: the pointer is the kernel's, to a live, 8-byte aligned u64
-    // value of our map, valid while this program runs (BPF_F_NO_PREALLOC:
+    // SAFETY: the pointer is the kernel's, to a live value of our map,
+    // whose first field is an 8-byte aligned u64 (`Counted` is repr(C)), valid while this program runs (BPF_F_NO_PREALLOC:
     // see EXECS_BY_CGROUP). Other CPUs update it only through this atomic
     // add too, and user space only reads it. The result is unused, so LLVM
     // emits the plain atomic add (`lock *(u64 *)(r + 0) += r`, XADD) that
     // every kernel with BPF takes, not the fetching form.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*counter).execs, 1) };
     true
 }
 

@@ -51,7 +51,8 @@ static BPF_OBJECT: &[u8] =
 const PROGRAM: &str = "count_execs";
 const TRACEPOINT_CATEGORY: &str = "sched";
 const TRACEPOINT: &str = "sched_process_exec";
-/// The program's own map of counters, cgroup id → execs.
+/// The program's own map of counters, cgroup id → execs and the counted
+/// container's entry.
 const COUNTERS_MAP: &str = "EXECS_BY_CGROUP";
 
 /// Counts execs per container through lookout's pinned BPF maps.

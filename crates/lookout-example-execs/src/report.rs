@@ -18,8 +18,12 @@ use serde::Serialize;
 
 /// lookout's `containers_by_cgroup`: cgroup id → a [`ContainerEntry`]'s bytes.
 pub type Containers<'a> = HashMap<&'a MapData, u64, [u8; ContainerEntry::SIZE]>;
-/// The program's counters: cgroup id → execs.
-pub type Counters<'a> = HashMap<&'a MapData, u64, u64>;
+/// Bytes of a counter: the execs (`u64`), then the counted container's
+/// [`ContainerEntry`], copied by the program at its first exec.
+pub const COUNTED_SIZE: usize = 8 + ContainerEntry::SIZE;
+
+/// The program's counters: cgroup id → execs and whose they are.
+pub type Counters<'a> = HashMap<&'a MapData, u64, [u8; COUNTED_SIZE]>;
 
 /// How a tick is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +71,12 @@ impl Report {
     ) -> anyhow::Result<()> {
         let mut counts = Vec::new();
         for item in counters.iter() {
-            counts.push(item.context("reading the counters (EXECS_BY_CGROUP)")?);
+            let (cgroup_id, counted) = item.context("reading the counters (EXECS_BY_CGROUP)")?;
+            let mut execs = [0u8; 8];
+            execs.copy_from_slice(&counted[..8]);
+            // Whose: known even if the container is gone now.
+            self.learn(cgroup_id, &counted[8..]);
+            counts.push((cgroup_id, u64::from_ne_bytes(execs)));
         }
         counts.sort_unstable();
         let mut present = Vec::with_capacity(counts.len());

@@ -48,6 +48,8 @@ pub(crate) struct Pinned {
     written: HashMap<String, Written>,
     /// Who holds each key: a key is written for one live container.
     owners: HashMap<(Which, u64), String>,
+    /// Keys held, by map (`Which as usize`).
+    held: [usize; 2],
     /// The agent's own mount namespace: a container that shares it (a
     /// runtime can be told to join any namespace) would claim every host
     /// process; it gets no `containers_by_mntns` entry.
@@ -64,6 +66,7 @@ impl Pinned {
             maps,
             written: HashMap::new(),
             owners: HashMap::new(),
+            held: [0; 2],
             host_mntns,
             metrics,
             last_warning: None,
@@ -145,7 +148,9 @@ impl Pinned {
                 Ok(()) => {
                     self.metrics.written(which);
                     now.set_key(which, Some(key));
-                    self.owners.insert((which, key), id.to_owned());
+                    if self.owners.insert((which, key), id.to_owned()).is_none() {
+                        self.held[which as usize] += 1;
+                    }
                 }
                 Err(e) => {
                     let full = is_errno(&e, libc::E2BIG);
@@ -188,7 +193,9 @@ impl Pinned {
 
     /// Deletes `key` of `which`, which this agent holds.
     fn delete(&mut self, which: Which, key: u64) {
-        self.owners.remove(&(which, key));
+        if self.owners.remove(&(which, key)).is_some() {
+            self.held[which as usize] -= 1;
+        }
         match self.maps.get_mut(which).remove(&key) {
             Ok(()) => {}
             // Gone already: the other agent of a surge removed it first.
@@ -202,8 +209,7 @@ impl Pinned {
 
     fn count(&self) {
         for which in Which::BOTH {
-            let n = self.owners.keys().filter(|(w, _)| *w == which).count();
-            self.metrics.set_entries(which, n);
+            self.metrics.set_entries(which, self.held[which as usize]);
         }
     }
 
