@@ -618,3 +618,84 @@ fn the_bpf_programs_diagnostics_reach_the_agents_log() {
     );
     drop(agent);
 }
+
+#[test]
+fn without_bpf_the_agent_pins_nothing_and_says_why() {
+    if !ready("pinned_maps_no_bpf") {
+        return;
+    }
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
+    // bpf(2) refused, as without CAP_BPF (or under a seccomp profile that
+    // denies it): no programs, no maps.
+    let agent = Agent::start_with(
+        Some(&rt),
+        &["--bpf-pin-dir", pins.to_str().expect("utf-8")],
+        &[],
+        Some(lookout_testsupport::Restrictions::new().deny_syscall(libc::SYS_bpf, libc::EPERM)),
+    );
+    agent.wait_log_line(
+        &["no pinned container maps", "not permitted", "CAP_BPF"],
+        Duration::from_secs(5),
+    );
+    let pinned: Vec<_> = std::fs::read_dir(&pins)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(pinned.is_empty(), "pinned without bpf(2): {pinned:?}");
+    let id = id("pinned-no-bpf");
+    create(&agent, &rt, &b, &id);
+    rt.cleanup(&id);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// A surge: two agents on one node, one map. Both write a container's
+/// entry; the first one's exit leaves it; the second removes it when the
+/// container exits.
+#[test]
+fn two_agents_keep_one_map() {
+    if !ready("pinned_maps_surge") {
+        return;
+    }
+    let fs = BpfFs::mount();
+    let pins = fs.pins();
+    let pin_arg = ["--bpf-pin-dir", pins.to_str().expect("utf-8")];
+    let rt = Runtime::runc();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "60"], |_| {});
+    let old = Agent::start(&rt, &pin_arg);
+    let new = Agent::start(&rt, &pin_arg);
+    let id = id("pinned-surge");
+    let added = create(&old, &rt, &b, &id);
+    new.wait_event(&id, "added", Duration::from_secs(10));
+    let cgroup = added["container"]["cgroup_id"].as_u64().expect("cgroup id");
+    let by_cgroup = pinned(&pins, BY_CGROUP);
+    let written = entry(&by_cgroup, cgroup).expect("written by both");
+    assert_eq!(written.id(), id.as_bytes());
+    let (status, log) = old.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        entry(&by_cgroup, cgroup),
+        Some(written),
+        "the old agent's exit took the entry"
+    );
+    rt.ok(&["start", &id]);
+    rt.ok(&["kill", &id, "KILL"]);
+    new.wait_event(&id, "removed", Duration::from_secs(10));
+    assert_eq!(
+        entry(&by_cgroup, cgroup),
+        None,
+        "the entry outlived its container"
+    );
+    assert!(
+        !new.log().contains("cannot remove pinned map entry"),
+        "{}",
+        new.log()
+    );
+    rt.cleanup(&id);
+    let (status, log) = new.stop();
+    assert!(status.success(), "{log}");
+}

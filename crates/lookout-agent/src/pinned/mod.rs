@@ -105,8 +105,13 @@ pub(crate) enum OpenError {
          lookout's layout); left as it is: remove it, or give this agent another --bpf-pin-dir"
     )]
     Incompatible { path: PathBuf, what: String },
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot open the pinned map {path}: {source}")]
     Open { path: PathBuf, source: MapError },
+    #[error(
+        "cannot open or create BPF maps at {path}: not permitted (BPF maps need CAP_BPF, or \
+         CAP_SYS_ADMIN before Linux 5.8, and no seccomp or LSM policy that denies bpf(2))"
+    )]
+    Denied { path: PathBuf, source: MapError },
 }
 
 /// The two maps, opened from their pins (or created and pinned).
@@ -152,7 +157,11 @@ pub(crate) fn start(
     match open(dir, max_entries, cgroup_root, metrics) {
         Ok(pinned) => Some(pinned),
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), "no pinned container maps: {e}");
+            tracing::warn!(
+                dir = %dir.display(),
+                "no pinned container maps: {}",
+                lookout_model::Chain(&e)
+            );
             None
         }
     }
@@ -326,6 +335,16 @@ fn check_bpffs(path: &Path) -> Result<(), OpenError> {
     }
 }
 
+/// Whether `e` is bpf(2) refused: `EPERM` or `EACCES`.
+fn denied(e: &MapError) -> bool {
+    let io = match e {
+        MapError::SyscallError(s) => &s.io_error,
+        MapError::CreateError { io_error, .. } => io_error,
+        _ => return false,
+    };
+    matches!(io.raw_os_error(), Some(libc::EPERM | libc::EACCES))
+}
+
 /// A pinned object is one of our maps only if its shape is ours.
 fn check_pinned(path: &Path, data: &MapData) -> Result<aya::maps::MapInfo, OpenError> {
     let info = data.info().map_err(|source| OpenError::Open {
@@ -371,6 +390,7 @@ fn open_map(
                     .map_err(|source| OpenError::Open { path, source });
             }
             Err(MapError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => {}
+            Err(source) if denied(&source) => return Err(OpenError::Denied { path, source }),
             Err(source) => return Err(OpenError::Open { path, source }),
         }
         let def = aya_obj::Map::new_from_params(
@@ -381,9 +401,16 @@ fn open_map(
             CONTAINER_MAPS_FLAGS,
         );
         let data = MapData::create(def, which.kernel_name(), None).map_err(|source| {
-            OpenError::Create {
-                name: which.pin_name(),
-                source,
+            if denied(&source) {
+                OpenError::Denied {
+                    path: path.clone(),
+                    source,
+                }
+            } else {
+                OpenError::Create {
+                    name: which.pin_name(),
+                    source,
+                }
             }
         })?;
         match data.pin(&path) {
