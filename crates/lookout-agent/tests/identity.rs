@@ -463,15 +463,16 @@ fn without_a_bpf_file_system_the_agent_runs_and_says_why() {
 }
 
 #[test]
-fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
+fn a_pin_directory_an_unprivileged_user_made_first_is_moved_aside() {
     let Some(user) = lookout_testsupport::unprivileged_user("pinned_maps_squatter") else {
         return;
     };
     if !ready("pinned_maps_squatter") {
         return;
     }
-    // A bpffs root is mode 1777 unless mounted otherwise (Cilium's is):
-    // anyone can make the agent's directory before it starts.
+    // A bpffs root is mode 1777 unless mounted otherwise (Cilium's is), and
+    // empty at every boot: anyone can make the agent's directory first, to
+    // swap the maps tracers read, or to switch them off.
     let fs = BpfFs::mount();
     let pins = fs.pins();
     let made = user
@@ -485,19 +486,35 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
     let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
-    agent.wait_log(
-        &format!("belongs to uid {}, not root", user.uid),
-        Duration::from_secs(5),
+    agent.wait_log("moved aside, and the agent", Duration::from_secs(5));
+    // The attacker's directory is beside it, untouched; the agent's is
+    // root's, 0700, with its maps.
+    let aside: Vec<PathBuf> = std::fs::read_dir(fs.dir.path())
+        .expect("the bpffs root")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.to_string_lossy()
+                .contains(&format!("lookout-refused-uid{}-", user.uid))
+        })
+        .collect();
+    assert_eq!(
+        aside.len(),
+        1,
+        "{aside:?} in {:?}\n{}",
+        std::fs::read_dir(fs.dir.path()).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>()),
+        agent.log()
     );
     assert_eq!(
-        std::fs::read_dir(&pins)
-            .expect("the attacker's directory")
-            .count(),
-        0,
-        "the agent pinned a map where the attacker can replace it"
+        std::fs::metadata(&aside[0]).expect("moved aside").uid(),
+        user.uid
     );
+    let meta = std::fs::symlink_metadata(&pins).expect("the agent's directory");
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o700));
     let id = id("pinned-squatter");
-    create(&agent, &rt, &b, &id);
+    let added = create(&agent, &rt, &b, &id);
+    let cgroup = added["container"]["cgroup_id"].as_u64().expect("cgroup id");
+    assert!(entry(&pinned(&pins, BY_CGROUP), cgroup).is_some());
     rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");

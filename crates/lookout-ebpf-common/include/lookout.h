@@ -6,7 +6,8 @@
  * The agent writes each container's entry before the container's first
  * instruction runs (on every backend that holds its start) and removes it
  * when the container exits. Both maps are BPF_MAP_TYPE_HASH with
- * BPF_F_NO_PREALLOC, u64 keys and struct lookout_container values, pinned
+ * BPF_F_NO_PREALLOC | BPF_F_RDONLY_PROG (programs read, only the agent
+ * writes), u64 keys and struct lookout_container values, pinned
  * under /sys/fs/bpf/lookout/ (the agent's --bpf-pin-dir), mode 0700.
  *
  * This header is checked against the Rust definition (lookout-ebpf-common's
@@ -26,8 +27,8 @@
  * only when max_entries and map_flags match: a node whose agent runs with
  * another value needs bpf_map__set_max_entries() before loading. */
 #define LOOKOUT_CONTAINER_MAPS_MAX_ENTRIES 16384
-/* map_flags of both maps: BPF_F_NO_PREALLOC. */
-#define LOOKOUT_CONTAINER_MAPS_FLAGS 1
+/* map_flags of both maps: BPF_F_NO_PREALLOC | BPF_F_RDONLY_PROG. */
+#define LOOKOUT_CONTAINER_MAPS_FLAGS 0x81
 
 /* Layout version of struct lookout_container. Later versions only use
  * bytes reserved here and keep the size: check version >= 1. */

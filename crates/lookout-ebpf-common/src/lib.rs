@@ -216,8 +216,10 @@ pub const CONTAINERS_BY_MNTNS_KERNEL_NAME: &str = "lookout_by_mnt";
 /// with `BPF_F_NO_PREALLOC`, so the kernel allocates an entry when it is
 /// written: the maximum bounds the memory, it does not reserve it.
 pub const CONTAINER_MAPS_MAX_ENTRIES: u32 = 16384;
-/// `map_flags` of both container maps: `BPF_F_NO_PREALLOC`.
-pub const CONTAINER_MAPS_FLAGS: u32 = 1;
+/// `map_flags` of both container maps: `BPF_F_NO_PREALLOC |
+/// BPF_F_RDONLY_PROG`. Programs only read them (the verifier refuses a
+/// program's write); the agent writes through `bpf(2)`.
+pub const CONTAINER_MAPS_FLAGS: u32 = 1 | (1 << 7);
 
 /// [`ContainerEntry::version`] of the layout in this crate.
 ///

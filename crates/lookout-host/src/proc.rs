@@ -428,6 +428,13 @@ fn fixed_mount_namespaces() -> (Option<u64>, Option<u64>) {
     )
 }
 
+/// Whether `mnt` is the host's mount namespace (pid 1's, when it can be
+/// read) or this process's own: a namespace no container has to itself.
+pub fn is_host_mount_namespace(mnt: u64) -> bool {
+    let (own, host) = fixed_mount_namespaces();
+    Some(mnt) == own || Some(mnt) == host
+}
+
 /// Whether `pid` is this process or one of its ancestors (as this pid
 /// namespace numbers them).
 fn is_self_or_ancestor(pid: u32) -> bool {

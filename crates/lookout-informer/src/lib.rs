@@ -49,7 +49,7 @@ mod tracker;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -527,9 +527,32 @@ impl Informer {
             self.index.change(&change);
             match change {
                 Change::Added(mut c) => {
-                    if let Some(&pid) = pids.get(&c.id) {
-                        c.pid = Some(pid);
-                        lookout_host::kernel::fill(&mut c, pid, None);
+                    // The same checks as the hook's and the scan's: not
+                    // pid 1, not a process in the host's (or the agent's)
+                    // mount namespace. A pid that fails them is not the
+                    // container's, and its kernel view is not either.
+                    // (Only against this machine's own /proc: a test's
+                    // fixture of one has no process to check.)
+                    let host_proc = self.config.proc_root.as_deref() == Some(Path::new("/proc"));
+                    match pids.get(&c.id).copied() {
+                        Some(pid) if host_proc => {
+                            match lookout_host::proc::container_init(pid, None) {
+                                Ok(init) => {
+                                    c.pid = Some(init.pid);
+                                    lookout_host::kernel::fill(&mut c, init.pid, Some(init.mnt));
+                                }
+                                Err(why) => tracing::debug!(
+                                    id = c.id,
+                                    %why,
+                                    "the process found for this container is not its init"
+                                ),
+                            }
+                        }
+                        Some(pid) => {
+                            c.pid = Some(pid);
+                            lookout_host::kernel::fill(&mut c, pid, None);
+                        }
+                        None => {}
                     }
                     sink.emit(ContainerEvent::added(Source::Informer, c));
                 }

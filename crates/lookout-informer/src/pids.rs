@@ -57,6 +57,24 @@ fn id_in(component: &str) -> Option<&str> {
     (c.len() == 64 && c.bytes().all(|b| b.is_ascii_hexdigit())).then_some(c)
 }
 
+/// Whether cgroup `path` (as the host's cgroup namespace renders it) is a
+/// directory root owns in the cgroup v2 tree; `true` when that cannot be
+/// told (no cgroup v2 tree, or a v1 path not in it): nothing to go by.
+fn owned_by_root(path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(root) = lookout_host::kernel::find_cgroup2_root(Path::new("/")) else {
+        return true;
+    };
+    let rel = path.trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return false;
+    }
+    match std::fs::symlink_metadata(root.join(rel)) {
+        Ok(m) => m.uid() == 0,
+        Err(_) => true,
+    }
+}
+
 /// For each id in `wanted`, the pid of the container's init process under
 /// `proc_root` (normally `/proc`; the host's in a pod with `hostPID`): of
 /// the processes in the container's cgroup, the one that started first.
@@ -89,6 +107,13 @@ pub fn find_pids(proc_root: &Path, wanted: &HashSet<String>) -> HashMap<String, 
         let Some(id) = container_id_from_cgroup(&path).filter(|id| wanted.contains(*id)) else {
             continue;
         };
+        // A cgroup that is not root's is a delegated one (a user's
+        // `user@UID.service`, rootless podman): its owner can give it any
+        // container's name and move a process of theirs in, older than the
+        // container's init. Kubernetes' containers' cgroups are root's.
+        if !owned_by_root(&path) {
+            continue;
+        }
         let started = std::fs::read(entry.path().join("stat"))
             .ok()
             .and_then(|s| lookout_host::proc::parse_start_time(&String::from_utf8_lossy(&s)))

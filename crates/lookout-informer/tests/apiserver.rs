@@ -340,3 +340,62 @@ async fn api_errors_are_retried_and_never_end_the_informer() {
     );
     run.stop().await;
 }
+
+/// The pid of a container is found by its cgroup's name, and any user who
+/// owns a delegated cgroup subtree (`user@UID.service`, rootless podman)
+/// can name a cgroup of theirs after a container and move an older
+/// process in. Such a cgroup is not root's: its processes are never taken
+/// for the container's (their namespaces and cgroup would become the
+/// container's keys in tracers' maps).
+#[test]
+fn a_users_cgroup_named_after_a_container_gives_no_pid() {
+    use std::os::unix::process::CommandExt;
+    let Some(user) = lookout_testsupport::unprivileged_user("informer_cgroup_squat") else {
+        return;
+    };
+    let Ok(root) = lookout_host::kernel::find_cgroup2_root(std::path::Path::new("/")) else {
+        lookout_testsupport::skip("informer_cgroup_squat", "no cgroup v2 tree");
+        return;
+    };
+    let id = format!("{:064x}", 0xfeed_0000_u64 + u64::from(std::process::id()));
+    let top = root.join(format!("lookout-test-squat-{}", std::process::id()));
+    let cg = top.join(format!("cri-containerd-{id}.scope"));
+    std::fs::create_dir_all(&cg).expect("make the cgroups");
+    let procs = cg.join("cgroup.procs");
+    let mut child = std::process::Command::new("sleep");
+    child.arg("30");
+    let procs_c = std::ffi::CString::new(procs.to_str().expect("utf-8")).expect("no NUL");
+    // SAFETY: only async-signal-safe calls (open, write, close) between
+    // fork and exec, on a path made before the fork.
+    unsafe {
+        child.pre_exec(move || {
+            let fd = libc::open(procs_c.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        });
+    }
+    let mut child = child.spawn().expect("start a process in the cgroup");
+    let wanted: std::collections::HashSet<String> = [id.clone()].into();
+    let proc_root = std::path::Path::new("/proc");
+    // Root's cgroup: its process is the container's.
+    let found = lookout_informer::find_pids(proc_root, &wanted);
+    // The same cgroup, the user's: nothing.
+    let chown = |uid: u32, gid: u32| {
+        std::os::unix::fs::chown(&cg, Some(uid), Some(gid)).expect("chown the cgroup")
+    };
+    chown(user.uid, user.gid);
+    let squatted = lookout_informer::find_pids(proc_root, &wanted);
+    chown(0, 0);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir(&cg);
+    let _ = std::fs::remove_dir(&top);
+    assert_eq!(found.get(&id), Some(&child.id()), "root's cgroup");
+    assert!(
+        squatted.is_empty(),
+        "a user's cgroup gave a pid: {squatted:?}"
+    );
+}

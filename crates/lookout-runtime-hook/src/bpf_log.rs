@@ -151,7 +151,19 @@ impl BpfLog {
             let Ok(mut ready) = ring.readable_mut().await else {
                 return;
             };
-            ready.get_inner_mut().flush();
+            // aya-log unwraps a record it cannot decode. Only the agent's
+            // own programs write the ring, but a panic here would end the
+            // diagnostics silently: say it, and stop reading.
+            let flushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ready.get_inner_mut().flush();
+            }));
+            if flushed.is_err() {
+                tracing::warn!(
+                    target: TARGET,
+                    "a BPF log record could not be decoded: the programs' diagnostics are no longer read"
+                );
+                return;
+            }
             ready.clear_ready();
         }
     }

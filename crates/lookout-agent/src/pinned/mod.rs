@@ -251,53 +251,56 @@ fn prepare_dir(dir: &Path) -> Result<(), OpenError> {
         dir: dir.to_owned(),
         why,
     };
-    // Created if missing; if someone else creates it first, what they
-    // made is checked like any other.
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Some(parent) = dir.parent() {
-                check_bpffs(parent)?;
-            }
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(source) => {
-                    return Err(OpenError::Io {
-                        what: "cannot create",
-                        path: dir.to_owned(),
-                        source,
-                    });
-                }
+    let parent = dir
+        .parent()
+        .ok_or_else(|| refuse("it has no parent directory".into()))?;
+    // Whatever is in the way and not root's own directory (on a bpffs
+    // root that is 1777, anyone can make it first, at every boot) is moved
+    // aside, not used and not deleted; a few times at most, if it comes
+    // back while this runs.
+    let mut attempts = 0;
+    let meta = loop {
+        // Nothing is made outside a BPF file system (a mount of one at
+        // `dir` itself is fine).
+        if std::fs::symlink_metadata(dir).is_err() {
+            check_bpffs(parent)?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(source) => {
+                return Err(OpenError::Io {
+                    what: "cannot create",
+                    path: dir.to_owned(),
+                    source,
+                });
             }
         }
-        Err(source) => {
-            return Err(OpenError::Io {
-                what: "cannot stat",
-                path: dir.to_owned(),
-                source,
-            });
+        let meta = std::fs::symlink_metadata(dir).map_err(|source| OpenError::Io {
+            what: "cannot stat",
+            path: dir.to_owned(),
+            source,
+        })?;
+        let wrong = if meta.file_type().is_symlink() {
+            "a symbolic link"
+        } else if !meta.is_dir() {
+            "not a directory"
+        } else if meta.uid() != 0 {
+            "not root's"
+        } else {
+            break meta;
+        };
+        attempts += 1;
+        if attempts > 3 {
+            return Err(refuse(format!(
+                "it is {wrong} (uid {}), and came back each time it was moved aside",
+                meta.uid()
+            )));
         }
-        Ok(_) => {}
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|source| OpenError::Io {
-        what: "cannot stat",
-        path: dir.to_owned(),
-        source,
-    })?;
-    if meta.file_type().is_symlink() {
-        return Err(refuse("it is a symbolic link".into()));
-    }
-    if !meta.is_dir() {
-        return Err(refuse("it is not a directory".into()));
-    }
+        check_bpffs(parent)?;
+        move_aside(dir, &meta, wrong)?;
+    };
     check_bpffs(dir)?;
-    if meta.uid() != 0 {
-        return Err(refuse(format!(
-            "it belongs to uid {}, not root: whoever owns it could replace the maps tracers read \
-             (remove it, or give this agent another --bpf-pin-dir)",
-            meta.uid()
-        )));
-    }
     if meta.mode() & 0o077 != 0 {
         tracing::info!(
             dir = %dir.display(),
@@ -312,6 +315,41 @@ fn prepare_dir(dir: &Path) -> Result<(), OpenError> {
             },
         )?;
     }
+    Ok(())
+}
+
+/// Renames what is at `dir` (never following it) to a new name beside it,
+/// `<name>-refused-uid<uid>-<ns>`, and says so.
+fn move_aside(dir: &Path, meta: &std::fs::Metadata, wrong: &str) -> Result<(), OpenError> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut aside = dir.as_os_str().to_owned();
+    // (No dot: bpffs refuses names with one.)
+    aside.push(format!("-refused-uid{}-{nanos}", meta.uid()));
+    let aside = PathBuf::from(aside);
+    renameat2(
+        AT_FDCWD,
+        dir,
+        AT_FDCWD,
+        &aside,
+        RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(|e| OpenError::Dir {
+        dir: dir.to_owned(),
+        why: format!(
+            "it is {wrong} (uid {}), and cannot be moved aside: {e}",
+            meta.uid()
+        ),
+    })?;
+    tracing::warn!(
+        dir = %dir.display(),
+        aside = %aside.display(),
+        uid = meta.uid(),
+        "the pin directory was {wrong}: whoever owns it could replace the maps tracers read; \
+         moved aside, and the agent's own made"
+    );
     Ok(())
 }
 
@@ -379,6 +417,16 @@ fn open_map(
     // Two attempts: another agent (a surge's) may pin between our look
     // and our pin; then its map is the one.
     for _ in 0..2 {
+        // Root's pin, not a link to some other object: the directory was
+        // perhaps wider before it was narrowed.
+        if let Ok(m) = std::fs::symlink_metadata(&path)
+            && (m.file_type().is_symlink() || m.uid() != 0)
+        {
+            return Err(OpenError::Incompatible {
+                path,
+                what: format!("a symbolic link, or not root's (uid {})", m.uid()),
+            });
+        }
         match MapData::from_pin(&path) {
             Ok(data) => {
                 let info = check_pinned(&path, &data)?;

@@ -50,9 +50,9 @@ pub(crate) struct Pinned {
     owners: HashMap<(Which, u64), String>,
     /// Keys held, by map (`Which as usize`).
     held: [usize; 2],
-    /// The agent's own mount namespace: a container that shares it (a
-    /// runtime can be told to join any namespace) would claim every host
-    /// process; it gets no `containers_by_mntns` entry.
+    /// A mount namespace no container may be a key for, besides the host's
+    /// and the agent's ([`lookout_host::proc::is_host_mount_namespace`]);
+    /// for the tests.
     host_mntns: Option<u64>,
     metrics: PinMetrics,
     last_warning: Option<Instant>,
@@ -61,7 +61,7 @@ pub(crate) struct Pinned {
 
 impl Pinned {
     pub(crate) fn new(maps: Maps, metrics: PinMetrics) -> Pinned {
-        let host_mntns = lookout_host::proc::namespaces(std::process::id()).mnt;
+        let host_mntns = None;
         Pinned {
             maps,
             written: HashMap::new(),
@@ -123,7 +123,7 @@ impl Pinned {
                 continue;
             }
             if old.is_some_and(|o| o != key) {
-                self.delete(which, old.unwrap_or(0));
+                self.delete(which, old.unwrap_or(0), id);
                 now.set_key(which, None);
             }
             if let Some(holder) = self.owners.get(&(which, key)).filter(|h| *h != id) {
@@ -185,16 +185,34 @@ impl Pinned {
         };
         for which in Which::BOTH {
             if let Some(key) = had.key(which) {
-                self.delete(which, key);
+                self.delete(which, key, id);
             }
         }
         self.count();
     }
 
-    /// Deletes `key` of `which`, which this agent holds.
-    fn delete(&mut self, which: Which, key: u64) {
+    /// Deletes `key` of `which`, which this agent holds for container `id`,
+    /// unless the map now says another container's: in a surge, the other
+    /// agent may have written a new container's entry under a mount
+    /// namespace number the kernel gave again (this one's removal came
+    /// late). Then only this agent's hold goes.
+    fn delete(&mut self, which: Which, key: u64, id: &str) {
         if self.owners.remove(&(which, key)).is_some() {
             self.held[which as usize] -= 1;
+        }
+        let now = self.maps.get(which).get(&key, 0).ok();
+        if let Some(other) = now
+            .and_then(|b| ContainerEntry::from_bytes(&b))
+            .filter(|e| e.id() != ContainerEntry::new(id.as_bytes()).id())
+        {
+            tracing::debug!(
+                map = which.pin_name(),
+                key,
+                id,
+                now = %String::from_utf8_lossy(other.id()),
+                "the entry is another container's now: left"
+            );
+            return;
         }
         match self.maps.get_mut(which).remove(&key) {
             Ok(()) => {}
@@ -248,7 +266,12 @@ fn wanted(c: &Container, host_mntns: Option<u64>) -> Option<Written> {
     if c.sandbox.is_some() {
         return None;
     }
-    let mntns = c.namespaces.mnt.filter(|m| Some(*m) != host_mntns);
+    // A container that shares the host's (or the agent's) mount namespace
+    // (a runtime can be told to join any) would claim every host process.
+    let mntns = c
+        .namespaces
+        .mnt
+        .filter(|m| Some(*m) != host_mntns && !lookout_host::proc::is_host_mount_namespace(*m));
     if c.cgroup_id.is_none() && mntns.is_none() {
         return None;
     }
@@ -466,6 +489,27 @@ mod tests {
             Some(b"first".to_vec())
         );
         assert!(read(&p, Which::Mntns, 4026532001).is_some());
+    }
+
+    #[test]
+    fn a_late_removal_leaves_another_containers_entry() {
+        let Some(mut p) = maps("pinned_sink_surge") else {
+            return;
+        };
+        p.apply(&event(EventKind::Added, container("old")));
+        // The other agent of a surge wrote a new container's entry under
+        // the same (reused) mount namespace number before this one saw
+        // the old container go.
+        let mut new = ContainerEntry::new(b"new");
+        new.mnt_ns = 4026532001;
+        p.maps
+            .get_mut(Which::Mntns)
+            .insert(4026532001, new.to_bytes(), 0)
+            .expect("the other agent's write");
+        p.apply(&event(EventKind::Removed, container("old")));
+        assert_eq!(read(&p, Which::Mntns, 4026532001), Some(new));
+        assert!(read(&p, Which::Cgroup, 77).is_none(), "its own entry goes");
+        assert!(!p.owns(Which::Mntns, 4026532001));
     }
 
     #[test]

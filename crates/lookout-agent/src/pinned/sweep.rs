@@ -2,14 +2,13 @@
 //! container is gone: those an earlier agent wrote for containers that
 //! ended while no agent ran, or that a surge's other agent left.
 //!
-//! Gone is the kernel's word, not this agent's: a cgroup id that no
-//! directory of the cgroup v2 tree has any more (the kernel never gives an
-//! id twice), or, for a mount namespace entry without a cgroup id, a
-//! namespace no process is in. An entry of a container this agent has not
+//! Gone is the kernel's word, not this agent's: a cgroup id that names no
+//! cgroup any more (asked by file handle; the kernel never gives an id
+//! twice), or, for a mount namespace entry without a cgroup id, no process
+//! in that mount namespace and the entry's pid namespace. An entry of a container this agent has not
 //! found (yet) stays: a tracer's map never loses a live container.
 
 use std::collections::HashSet;
-use std::os::unix::fs::DirEntryExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -20,10 +19,8 @@ use super::{Maps, Pinned, Which};
 
 /// How often the sweep runs after the first, at `ready`.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(30);
-/// At most this many cgroup directories are walked (a node has thousands).
-const MAX_CGROUPS: usize = 1 << 20;
-/// And at most this deep.
-const MAX_DEPTH: usize = 64;
+/// Entries removed in one pass at most (the rest, in the next ones).
+const MAX_REMOVALS_PER_PASS: usize = 512;
 
 /// The sweep: its own handle on the maps (reads need no lock), the
 /// writer's state (through which it removes), the cgroup v2 root.
@@ -75,36 +72,45 @@ impl Sweep {
         if candidates.is_empty() {
             return Some(0);
         }
-        let cgroups = self.cgroup_root.as_deref().and_then(live_cgroups);
+        let cgroups = self.cgroup_root.as_deref().and_then(CgroupIds::open);
         let needs_mnt = candidates
             .iter()
             .any(|c| c.which == Which::Mntns && cgroup_of(c) == 0);
         let mntns = needs_mnt.then(live_mount_namespaces);
-        let stale: Vec<Candidate> = candidates
-            .into_iter()
-            .filter(|c| {
-                let cgroup = cgroup_of(c);
-                if cgroup != 0 {
-                    // Without the tree, nothing is known to be gone.
-                    cgroups.as_ref().is_some_and(|live| !live.contains(&cgroup))
-                } else {
-                    mntns.as_ref().is_some_and(|live| !live.contains(&c.key))
-                }
-            })
-            .collect();
-        let mut removed = 0;
-        let mut p = pinned.lock().unwrap_or_else(PoisonError::into_inner);
-        for c in stale {
-            // Written meanwhile (by this agent, or changed by another):
-            // not the entry that was found gone.
-            if p.owns(c.which, c.key)
-                || self.reader.get(c.which).get(&c.key, 0).ok() != Some(c.value)
-            {
-                continue;
+        let stale = candidates.into_iter().filter(|c| {
+            let cgroup = cgroup_of(c);
+            if cgroup != 0 {
+                // Without the cgroup tree, nothing is known to be gone.
+                cgroups.as_ref().and_then(|t| t.exists(cgroup)) == Some(false)
+            } else {
+                // Gone unless a process is in that mount namespace *and*
+                // the entry's pid namespace: the kernel gives a freed
+                // namespace's number to the next one made (anyone's
+                // `unshare -m`).
+                let pid_ns = ContainerEntry::from_bytes(&c.value).map_or(0, |e| e.pid_ns);
+                mntns
+                    .as_ref()
+                    .is_some_and(|live| !live.contains(&(c.key, pid_ns)))
             }
-            if p.maps_mut().get_mut(c.which).remove(&c.key).is_ok() {
+        });
+        let mut removed = 0;
+        for c in stale.take(MAX_REMOVALS_PER_PASS) {
+            // The lock per entry, for two syscalls: the writer (the task that
+            // answers runtimes) never waits for a whole pass.
+            let gone = {
+                let mut p = pinned.lock().unwrap_or_else(PoisonError::into_inner);
+                // Written meanwhile (by this agent, or changed by another):
+                // not the entry that was found gone.
+                !p.owns(c.which, c.key)
+                    && self.reader.get(c.which).get(&c.key, 0).ok() == Some(c.value)
+                    && p.maps_mut().get_mut(c.which).remove(&c.key).is_ok()
+                    && {
+                        p.metrics().stale_removed(c.which);
+                        true
+                    }
+            };
+            if gone {
                 removed += 1;
-                p.metrics().stale_removed(c.which);
                 let id = ContainerEntry::from_bytes(&c.value)
                     .map(|e| String::from_utf8_lossy(e.id()).into_owned())
                     .unwrap_or_default();
@@ -129,42 +135,65 @@ fn cgroup_of(c: &Candidate) -> u64 {
     }
 }
 
-/// The ids of every cgroup under `root` (directory inodes, read from the
-/// directory entries: no stat), or `None` if the tree cannot be read or is
-/// larger than [`MAX_CGROUPS`] (then nothing is judged gone).
-fn live_cgroups(root: &Path) -> Option<HashSet<u64>> {
-    let mut ids = HashSet::new();
-    ids.insert(
-        std::fs::metadata(root)
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))?,
-    );
-    let mut stack = vec![(root.to_path_buf(), 0usize)];
-    while let Some((dir, depth)) = stack.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            // Removed while walked: its children went with it.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(_) => return None,
-        };
-        for entry in entries.flatten() {
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            ids.insert(entry.ino());
-            if ids.len() > MAX_CGROUPS {
-                return None;
-            }
-            if depth < MAX_DEPTH {
-                stack.push((entry.path(), depth + 1));
-            }
-        }
-    }
-    Some(ids)
+/// Whether a cgroup id still names a cgroup: asked of the kernel by file
+/// handle (a kernfs handle is the id), one call per id, however large the
+/// tree (a delegated subtree can hold any number of groups).
+pub(crate) struct CgroupIds {
+    root: std::os::fd::OwnedFd,
 }
 
-/// The mount namespaces processes are in now.
-fn live_mount_namespaces() -> HashSet<u64> {
+/// `FILEID_KERNFS`: a kernfs node's 64-bit id as a file handle.
+const FILEID_KERNFS: i32 = 0xfe;
+
+/// `struct file_handle` with room for a kernfs id.
+#[repr(C)]
+struct KernfsHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    id: [u8; 8],
+}
+
+impl CgroupIds {
+    /// The cgroup v2 tree mounted at `root`; `None` if it cannot be opened.
+    pub(crate) fn open(root: &Path) -> Option<CgroupIds> {
+        let dir = std::fs::File::open(root).ok()?;
+        Some(CgroupIds { root: dir.into() })
+    }
+
+    /// `Some(true)`: the cgroup exists; `Some(false)`: it is gone;
+    /// `None`: the kernel would not say (no `CAP_DAC_READ_SEARCH`).
+    pub(crate) fn exists(&self, id: u64) -> Option<bool> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut handle = KernfsHandle {
+            handle_bytes: 8,
+            handle_type: FILEID_KERNFS,
+            id: id.to_ne_bytes(),
+        };
+        // SAFETY: open_by_handle_at(2) reads `handle_bytes` bytes of the
+        // handle after its header, which `KernfsHandle` has; the mount fd
+        // is ours and open. The returned fd, if any, is owned here.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                self.root.as_raw_fd(),
+                (&raw mut handle).cast::<libc::c_void>(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a new fd the kernel just gave us.
+            drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            return Some(true);
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESTALE | libc::ENOENT) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+/// (mount namespace, pid namespace) of every process now.
+fn live_mount_namespaces() -> HashSet<(u64, u64)> {
     let mut live = HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return live;
@@ -173,8 +202,9 @@ fn live_mount_namespaces() -> HashSet<u64> {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        if let Some(mnt) = lookout_host::proc::namespaces(pid).mnt {
-            live.insert(mnt);
+        let ns = lookout_host::proc::namespaces(pid);
+        if let (Some(mnt), Some(pid_ns)) = (ns.mnt, ns.pid) {
+            live.insert((mnt, pid_ns));
         }
     }
     live
@@ -196,4 +226,37 @@ pub(crate) fn spawn(sweep: Sweep, side: &tokio::runtime::Handle) {
             tokio::time::sleep(SWEEP_EVERY).await;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_cgroup_id_exists_until_its_cgroup_is_removed() {
+        let skip = |why: &str| {
+            let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+            assert!(!ci, "cgroup_ids: {why} under CI");
+            eprintln!("\n!!! SKIPPED cgroup_ids: {why}\n");
+        };
+        let Ok(root) = lookout_host::kernel::find_cgroup2_root(Path::new("/")) else {
+            return skip("no cgroup v2 tree");
+        };
+        let dir = root.join(format!("lookout-test-ids-{}", std::process::id()));
+        if std::fs::create_dir(&dir).is_err() {
+            return skip("cannot make a cgroup (root needed)");
+        }
+        let id = std::fs::metadata(&dir)
+            .map(|m| m.ino())
+            .expect("stat the cgroup");
+        let ids = CgroupIds::open(root).expect("open the cgroup root");
+        let root_id = std::fs::metadata(root)
+            .map(|m| m.ino())
+            .expect("stat the root");
+        assert_eq!(ids.exists(root_id), Some(true));
+        assert_eq!(ids.exists(id), Some(true));
+        std::fs::remove_dir(&dir).expect("rmdir the cgroup");
+        assert_eq!(ids.exists(id), Some(false));
+    }
 }

@@ -259,7 +259,7 @@ pub struct RunArgs {
     /// `containers_by_mntns`; docs/ebpf.md): a directory on a BPF file
     /// system, in the agent's own mount namespace (mount the host's
     /// /sys/fs/bpf there), created mode 0700 when missing. One that is not
-    /// root's is refused.
+    /// root's own directory is moved aside, and the agent makes its own.
     #[arg(
         long,
         env = "LOOKOUT_BPF_PIN_DIR",
