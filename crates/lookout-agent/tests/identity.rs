@@ -716,3 +716,49 @@ fn two_agents_keep_one_map() {
     let (status, log) = new.stop();
     assert!(status.success(), "{log}");
 }
+
+/// Whether a perf reader of tracepoint `category/name`, sampling every CPU
+/// (as `perf record -a -e category:name` does), sees the process `f`
+/// starts hit it.
+fn perf_sees(category: &str, name: &str, f: impl FnOnce() -> u32) -> bool {
+    let mut sampler = lookout_testsupport::perf::TracepointSampler::open(category, name, 16 * 4096)
+        .unwrap_or_else(|e| panic!("a perf reader of {category}:{name}: {e}"));
+    let pid = f();
+    sampler.drain().iter().any(|hit| hit.pid == pid)
+}
+
+/// A tracepoint's BPF programs also filter its perf events: one that
+/// returns 0 drops the sample for every perf reader on the node. aya's
+/// `#[tracepoint]` returned 0, and `perf record -a -e
+/// sched:sched_process_exit` saw no exit while an agent ran.
+#[test]
+fn perf_readers_of_the_agents_tracepoints_still_see_their_events() {
+    if !ready("perf_tracepoints") {
+        return;
+    }
+    let rt = Runtime::runc();
+    let agent = Agent::start(&rt, &[]);
+    assert!(
+        agent.log().contains("bpf=true"),
+        "the agent runs without its BPF programs, so this proves nothing:\n{}",
+        agent.log()
+    );
+    let run_true = || {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawning true");
+        let pid = child.id();
+        child.wait().expect("waiting for true");
+        pid
+    };
+    for (category, name) in [
+        ("sched", "sched_process_exit"),
+        ("syscalls", "sys_enter_execve"),
+    ] {
+        assert!(
+            perf_sees(category, name, run_true),
+            "a perf reader of {category}:{name} missed an event while the agent ran"
+        );
+    }
+    drop(agent);
+}
