@@ -1,5 +1,5 @@
 //! The parts of the benchmark `--only` selects ([`PARTS`]; a full run is
-//! `agent`, then `inode-map`), and the `agent` part's measurements, run
+//! `agent`, `pinned-maps`, then `inode-map`), and the `agent` part's measurements, run
 //! for one agent or several side by side ([`agent_runs`]).
 
 use std::path::Path;
@@ -336,6 +336,7 @@ mod tests {
                 "discovery",
                 "consumers",
                 "nri",
+                "pinned-maps",
                 "inode-map"
             ]
         );
@@ -394,9 +395,9 @@ mod tests {
     }
 
     #[test]
-    fn a_full_run_is_agent_then_inode_map() {
+    fn a_full_run_is_agent_pinned_maps_then_inode_map() {
         let parts = selected(None).expect("no --only");
         let names: Vec<&str> = parts.iter().map(|p| p.name).collect();
-        assert_eq!(names, ["agent", "inode-map"]);
+        assert_eq!(names, ["agent", "pinned-maps", "inode-map"]);
     }
 }
