@@ -294,6 +294,49 @@ impl Drop for BpfFs {
     }
 }
 
+/// A pinned-maps test's node: a BPF file system of its own, a runc copy,
+/// a bundle that runs `cmd`.
+struct PinNode {
+    fs: BpfFs,
+    rt: Runtime,
+    bundle: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PinNode {
+    fn new(cmd: &[&str]) -> PinNode {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = bundle::busybox(&dir.path().join("b"), cmd, |_| {});
+        PinNode {
+            fs: BpfFs::mount(),
+            rt: Runtime::runc(),
+            bundle,
+            _dir: dir,
+        }
+    }
+
+    /// The agent's pin directory.
+    fn pins(&self) -> PathBuf {
+        self.fs.pins()
+    }
+
+    /// An agent that pins there, with `restrict`.
+    fn agent_with(&self, restrict: Option<lookout_testsupport::Restrictions>) -> Agent {
+        let pins = self.pins();
+        let arg = ["--bpf-pin-dir", pins.to_str().expect("utf-8")];
+        Agent::start_with(Some(&self.rt), &arg, &[], restrict)
+    }
+
+    fn agent(&self) -> Agent {
+        self.agent_with(None)
+    }
+
+    /// Creates container `id` through `agent`; its `added`.
+    fn create(&self, agent: &Agent, id: &str) -> Value {
+        create(agent, &self.rt, &self.bundle, id)
+    }
+}
+
 type Entries = BpfHash<MapData, u64, [u8; ContainerEntry::SIZE]>;
 
 /// The pinned map `name` under `pins`, opened as a tracer would.
@@ -316,17 +359,14 @@ fn a_created_container_is_in_the_pinned_maps_until_it_exits() {
     if !ready("pinned_maps_lifecycle") {
         return;
     }
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
-    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    let node = PinNode::new(&["/bin/sleep", "30"]);
+    let (pins, rt) = (node.pins(), &node.rt);
+    let agent = node.agent();
     let mode = std::fs::metadata(&pins).expect("pin directory").mode();
     assert_eq!(mode & 0o7777, 0o700, "pin directory mode {mode:o}");
 
     let id = id("pinned-lifecycle");
-    let added = create(&agent, &rt, &b, &id);
+    let added = node.create(&agent, &id);
     let c = &added["container"];
     let pid = c["pid"].as_u64().expect("pid");
     let cgroup = c["cgroup_id"].as_u64().expect("cgroup id");
@@ -372,18 +412,14 @@ fn a_new_agent_reconciles_the_pins_it_finds_without_emptying_them() {
     if !ready("pinned_maps_restart") {
         return;
     }
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
-    let pin_arg = ["--bpf-pin-dir", pins.to_str().expect("utf-8")];
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "60"], |_| {});
-    let first = Agent::start(&rt, &pin_arg);
+    let node = PinNode::new(&["/bin/sleep", "60"]);
+    let (pins, rt) = (node.pins(), &node.rt);
+    let first = node.agent();
     let (stays, goes) = (id("pinned-stays"), id("pinned-goes"));
-    let stays_cgroup = create(&first, &rt, &b, &stays)["container"]["cgroup_id"]
+    let stays_cgroup = node.create(&first, &stays)["container"]["cgroup_id"]
         .as_u64()
         .expect("cgroup id");
-    let goes_cgroup = create(&first, &rt, &b, &goes)["container"]["cgroup_id"]
+    let goes_cgroup = node.create(&first, &goes)["container"]["cgroup_id"]
         .as_u64()
         .expect("cgroup id");
     let (status, log) = first.stop();
@@ -406,7 +442,7 @@ fn a_new_agent_reconciles_the_pins_it_finds_without_emptying_them() {
         .insert(unknown_cgroup, fake.to_bytes(), 0)
         .expect("insert an unknown live entry");
 
-    let second = Agent::start(&rt, &pin_arg);
+    let second = node.agent();
     // The state scan reports the container that still runs (with its
     // entry), and the sweep at `ready` removes the gone one's.
     second.wait_event(&stays, "added", Duration::from_secs(10));
@@ -473,8 +509,8 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_moved_aside() {
     // A bpffs root is mode 1777 unless mounted otherwise (Cilium's is), and
     // empty at every boot: anyone can make the agent's directory first, to
     // swap the maps tracers read, or to switch them off.
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
+    let node = PinNode::new(&["/bin/sleep", "30"]);
+    let pins = node.pins();
     let made = user
         .apply(&mut std::process::Command::new("mkdir"))
         .args(["-m", "0777"])
@@ -482,14 +518,11 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_moved_aside() {
         .status()
         .expect("mkdir as the attacker");
     assert!(made.success());
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
-    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    let agent = node.agent();
     agent.wait_log("moved aside, and the agent", Duration::from_secs(5));
     // The attacker's directory is beside it, untouched; the agent's is
     // root's, 0700, with its maps.
-    let aside: Vec<PathBuf> = std::fs::read_dir(fs.dir.path())
+    let aside: Vec<PathBuf> = std::fs::read_dir(node.fs.dir.path())
         .expect("the bpffs root")
         .flatten()
         .map(|e| e.path())
@@ -502,7 +535,8 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_moved_aside() {
         aside.len(),
         1,
         "{aside:?} in {:?}\n{}",
-        std::fs::read_dir(fs.dir.path()).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>()),
+        std::fs::read_dir(node.fs.dir.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>()),
         agent.log()
     );
     assert_eq!(
@@ -512,10 +546,10 @@ fn a_pin_directory_an_unprivileged_user_made_first_is_moved_aside() {
     let meta = std::fs::symlink_metadata(&pins).expect("the agent's directory");
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o700));
     let id = id("pinned-squatter");
-    let added = create(&agent, &rt, &b, &id);
+    let added = node.create(&agent, &id);
     let cgroup = added["container"]["cgroup_id"].as_u64().expect("cgroup id");
     assert!(entry(&pinned(&pins, BY_CGROUP), cgroup).is_some());
-    rt.cleanup(&id);
+    node.rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
 }
@@ -544,13 +578,11 @@ fn a_tracer_counts_a_containers_first_exec_under_its_id() {
         );
         return;
     };
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
     // One exec in the container: its entrypoint (busybox's true).
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/true"], |_| {});
-    let agent = Agent::start(&rt, &["--bpf-pin-dir", pins.to_str().expect("utf-8")]);
+    let node = PinNode::new(&["/bin/true"]);
+    let (pins, rt) = (node.pins(), &node.rt);
+    let agent = node.agent();
+    let dir = tempfile::tempdir().expect("tempdir");
     let err = dir.path().join("example.err");
     let out = dir.path().join("example.out");
     let mut consumer = KillOnDrop(
@@ -581,7 +613,7 @@ fn a_tracer_counts_a_containers_first_exec_under_its_id() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let id = id("pinned-first-exec");
-    let cgroup = create(&agent, &rt, &b, &id)["container"]["cgroup_id"].clone();
+    let cgroup = node.create(&agent, &id)["container"]["cgroup_id"].clone();
     rt.ok(&["start", &id]);
     agent.wait_event(&id, "removed", Duration::from_secs(10));
     // The entry went with the container; the program copied it when it
@@ -641,19 +673,13 @@ fn without_bpf_the_agent_pins_nothing_and_says_why() {
     if !ready("pinned_maps_no_bpf") {
         return;
     }
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "30"], |_| {});
+    let node = PinNode::new(&["/bin/sleep", "30"]);
+    let (pins, rt) = (node.pins(), &node.rt);
     // bpf(2) refused, as without CAP_BPF (or under a seccomp profile that
     // denies it): no programs, no maps.
-    let agent = Agent::start_with(
-        Some(&rt),
-        &["--bpf-pin-dir", pins.to_str().expect("utf-8")],
-        &[],
-        Some(lookout_testsupport::Restrictions::new().deny_syscall(libc::SYS_bpf, libc::EPERM)),
-    );
+    let agent = node.agent_with(Some(
+        lookout_testsupport::Restrictions::new().deny_syscall(libc::SYS_bpf, libc::EPERM),
+    ));
     agent.wait_log_line(
         &["no pinned container maps", "not permitted", "CAP_BPF"],
         Duration::from_secs(5),
@@ -663,7 +689,7 @@ fn without_bpf_the_agent_pins_nothing_and_says_why() {
         .unwrap_or_default();
     assert!(pinned.is_empty(), "pinned without bpf(2): {pinned:?}");
     let id = id("pinned-no-bpf");
-    create(&agent, &rt, &b, &id);
+    node.create(&agent, &id);
     rt.cleanup(&id);
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
@@ -677,16 +703,11 @@ fn two_agents_keep_one_map() {
     if !ready("pinned_maps_surge") {
         return;
     }
-    let fs = BpfFs::mount();
-    let pins = fs.pins();
-    let pin_arg = ["--bpf-pin-dir", pins.to_str().expect("utf-8")];
-    let rt = Runtime::runc();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let b = bundle::busybox(&dir.path().join("b"), &["/bin/sleep", "60"], |_| {});
-    let old = Agent::start(&rt, &pin_arg);
-    let new = Agent::start(&rt, &pin_arg);
+    let node = PinNode::new(&["/bin/sleep", "60"]);
+    let (pins, rt) = (node.pins(), &node.rt);
+    let (old, new) = (node.agent(), node.agent());
     let id = id("pinned-surge");
-    let added = create(&old, &rt, &b, &id);
+    let added = node.create(&old, &id);
     new.wait_event(&id, "added", Duration::from_secs(10));
     let cgroup = added["container"]["cgroup_id"].as_u64().expect("cgroup id");
     let by_cgroup = pinned(&pins, BY_CGROUP);
