@@ -15,6 +15,13 @@ use std::time::Instant;
 
 /// The `tracing` target of the programs' records (`LOOKOUT_LOG=lookout_ebpf=trace`).
 pub const TARGET: &str = "lookout_ebpf";
+/// The name of aya-log's ring buffer in the object.
+pub const RING: &str = "AYA_LOGS";
+/// Its size once loaded (aya-log declares 128 KiB): a record is tens to
+/// hundreds of bytes, the programs write only rare ones, and user space
+/// drains the ring as soon as it is woken.
+pub const RING_BYTES: u32 = 16 * 1024;
+
 /// Records forwarded per second at most, after a burst.
 pub const MAX_PER_SECOND: f64 = 10.0;
 /// Records forwarded back to back at most.

@@ -385,6 +385,9 @@ impl ExecCapture {
         // written at all.
         let log_level = crate::bpf_log::level();
         loader.override_global(aya_log::LEVEL, &log_level, false);
+        // aya-log's ring is 128 KiB, mapped twice in the agent: the
+        // programs write a few rare records, rate-limited on the way out.
+        loader.map_max_entries(crate::bpf_log::RING, crate::bpf_log::RING_BYTES);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| bpf_err("loading the BPF object", e))?;

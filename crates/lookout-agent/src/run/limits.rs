@@ -56,8 +56,39 @@ fn kernel_before(major: u32, minor: u32) -> bool {
 
 /// Start-up parses the kernel's BTF (tens of MB, inside aya) and verifier
 /// logs; give the freed heap back to the kernel so that the agent's
-/// resident size reflects what it keeps.
-pub(super) fn release_startup_memory() {
+/// resident size reflects what it keeps. The embedded BPF object (about
+/// 440 KB of the binary's read-only data, read whole by each load) is not
+/// needed once loaded: its pages leave the agent's resident set too (they
+/// stay in the page cache, and come back from the binary if a later load
+/// reads them).
+pub(super) fn release_startup_memory(bpf_object: Option<&'static [u8]>) {
     // SAFETY: malloc_trim only walks glibc's own heap; no pointers passed.
     unsafe { libc::malloc_trim(0) };
+    if let Some(object) = bpf_object {
+        drop_resident_pages(object);
+    }
+}
+
+/// `madvise(MADV_DONTNEED)` on the whole pages inside `bytes`, a static in
+/// the binary's read-only data: a private file mapping never written, so
+/// a later read faults the same bytes back in from the file.
+fn drop_resident_pages(bytes: &'static [u8]) {
+    let page = 4096usize;
+    let start = (bytes.as_ptr() as usize).div_ceil(page) * page;
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end <= start {
+        return;
+    }
+    // SAFETY: the range is whole pages inside a 'static read-only slice;
+    // MADV_DONTNEED on a private, unwritten file mapping only drops this
+    // process's page table entries (the contents stay the file's).
+    let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    if r == 0 {
+        tracing::debug!(
+            kib = (end - start) / 1024,
+            "the BPF object's pages left the resident set"
+        );
+    } else {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "the BPF object's pages stay resident");
+    }
 }

@@ -417,7 +417,7 @@ async fn run_async(
         let bound = start_cap + args.answer_deadline + HEALTH_MARGIN;
         let _ = shared.hook.set((h.health(), bound));
     }
-    release_startup_memory();
+    release_startup_memory(bpf_object);
     metrics.set_mode(&label);
     // Only a hook with BPF argv capture, or NRI, holds a created
     // container's start.
