@@ -378,10 +378,14 @@ fn resident_pages(
         )?)
     };
     evict(binary)?;
+    // The agent pins its container maps as on a node (a BPF file system of
+    // this run's own), so that their code is laid out with the rest.
+    let _pins = PrivateBpffs::mount(&work.join("bpffs"));
     let err = work.join("agent.err");
     let mut agent = Agent(
         Command::new(binary)
             .args(["run", "--output", "json"])
+            .env("LOOKOUT_BPF_PIN_DIR", work.join("bpffs/lookout"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&err)?)
@@ -424,4 +428,29 @@ fn resident_pages(
         std::thread::sleep(Duration::from_millis(500));
         resident_text(agent.id(), binary)
     })()
+}
+
+/// A BPF file system mounted at a directory of the run's own, unmounted
+/// when dropped; nothing if it cannot be mounted (the agent then runs
+/// without maps, as it says).
+struct PrivateBpffs(Option<std::path::PathBuf>);
+
+impl PrivateBpffs {
+    fn mount(dir: &std::path::Path) -> PrivateBpffs {
+        let _ = std::fs::create_dir_all(dir);
+        let ok = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        PrivateBpffs(ok.then(|| dir.to_path_buf()))
+    }
+}
+
+impl Drop for PrivateBpffs {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = Command::new("umount").arg("-l").arg(&dir).status();
+        }
+    }
 }

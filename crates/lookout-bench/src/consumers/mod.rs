@@ -288,6 +288,8 @@ pub fn run_consumers(
     rounds: usize,
     churn: usize,
 ) -> anyhow::Result<Value> {
+    // The agents' BPF file system (agent.rs) goes with this run.
+    let _pins = crate::agent::PinFsGuard;
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
