@@ -61,13 +61,12 @@ pub(crate) struct Pinned {
 
 impl Pinned {
     pub(crate) fn new(maps: Maps, metrics: PinMetrics) -> Pinned {
-        let host_mntns = None;
         Pinned {
             maps,
             written: HashMap::new(),
             owners: HashMap::new(),
             held: [0; 2],
-            host_mntns,
+            host_mntns: None,
             metrics,
             last_warning: None,
             quiet: 0,
