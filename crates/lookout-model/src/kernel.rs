@@ -20,7 +20,7 @@ pub struct Namespaces {
     /// Pid namespace.
     pub pid: Option<u64>,
     /// User namespace: the host's unless the container has its own (then
-    /// [`Container::id_maps`](crate::Container::id_maps) says how its ids map to the host's).
+    /// [`Container::id_maps`] says how its ids map to the host's).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub user: Option<u64>,
     /// Cgroup namespace.

@@ -19,7 +19,7 @@ pub enum ContainerKind {
     Init,
     /// One of `spec.ephemeralContainers` (`kubectl debug`).
     Ephemeral,
-    /// The pod's sandbox (pause) container: [`Container::pod_sandbox`](crate::Container::pod_sandbox).
+    /// The pod's sandbox (pause) container: [`Container::pod_sandbox`].
     Sandbox,
 }
 
