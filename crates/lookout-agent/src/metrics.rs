@@ -26,6 +26,12 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabels {
+    stage: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     mode: String,
 }
@@ -74,6 +80,7 @@ pub struct Metrics {
     argv_waiting: Gauge,
     k8s_events_dropped: Counter,
     docker_lookups: Family<OutcomeLabels, Counter>,
+    hooks: Family<HookLabels, Counter>,
 }
 
 /// Registers `metric` in `registry` as `name`, described by `help`, and
@@ -146,6 +153,13 @@ impl Metrics {
                 "containers_tracked",
                 "Containers added and not yet removed",
                 Gauge::<i64, AtomicI64>::default(),
+            ),
+            hooks: register(
+                r,
+                "hooks",
+                "OCI hooks run, by stage (prestart, createRuntime, createContainer, \
+             startContainer, poststart, poststop) and outcome (ok, failed, timed_out, not_run)",
+                Family::<HookLabels, Counter>::default(),
             ),
             nri_late: register(
                 r,
@@ -305,6 +319,17 @@ impl Metrics {
 
     pub fn stdout_late(&self) {
         self.stdout_late.inc();
+    }
+
+    /// One hook of `stage` ran with `outcome` (`ok`, `failed`,
+    /// `timed_out`, `not_run`).
+    pub fn hook_ran(&self, stage: &str, outcome: &str) {
+        self.hooks
+            .get_or_create(&HookLabels {
+                stage: stage.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     pub fn nri_late(&self) {

@@ -144,6 +144,9 @@ pub(crate) async fn report<S: Sink + Send>(
                         continue;
                     }
                 }
+                // The runtime started it: what runs after a start
+                // (poststart hooks) goes now, off this task.
+                ContainerPhase::PostStart => barrier.started(&container.id),
                 ContainerPhase::Stop | ContainerPhase::Remove => {
                     let c = container_of(&container, pod.as_ref(), &runtime, Status::Stopped);
                     sink.emit(ContainerEvent::removed(Source::Nri, c, None));

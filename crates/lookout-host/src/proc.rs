@@ -501,6 +501,21 @@ pub fn parse_caller(status: &str) -> Option<Caller> {
     })
 }
 
+/// The pid of `pid` in its own (innermost) pid namespace: what
+/// `getpid()` returns inside its container (1 for a container's init),
+/// the pid a runtime gives the hooks it runs in the container's
+/// namespaces. `None` if its status cannot be read.
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    parse_innermost_pid(&read_proc(&format!("/proc/{pid}/status"))?)
+}
+
+/// The last id of the `NSpid:` line of a `/proc/<pid>/status` text (the
+/// innermost namespace's); `None` without one (kernels before 4.1).
+pub fn parse_innermost_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
 /// Field 22 of the text of a `/proc/<pid>/stat` file.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     // comm may contain spaces and parentheses: split after the last ')'.
@@ -575,6 +590,10 @@ mod tests {
         );
         let pod = "Uid:\t0\t0\t0\t0\nNStgid:\t4243\t1\nNSpid:\t4243\t1\n";
         assert_eq!(parse_caller(pod).map(|c| c.nested_pid_ns), Some(true));
+        assert_eq!(parse_innermost_pid(pod), Some(1));
+        assert_eq!(parse_innermost_pid(host), Some(4242));
+        assert_eq!(parse_innermost_pid("NSpid:\t9\t7\tx\n"), None);
+        assert_eq!(parse_innermost_pid("Uid:\t0\n"), None);
         // A kernel without NSpid (before 4.1): not nested, as far as known.
         assert_eq!(
             parse_caller("Uid:\t1000\t1000\t1000\t1000\n"),

@@ -153,6 +153,16 @@ pub trait StartBarrier: Send + Sync {
         let _ = until;
         self.wait(id)
     }
+
+    /// The start of container `id` happened: the runtime's `start`
+    /// returned with the container's process released (the hook: the
+    /// runtime's `start` exited and the container left its exec fifo;
+    /// NRI: PostStartContainer). What runs after a start (`poststart`
+    /// hooks) starts here. Called on the holder's task: must not block.
+    /// The default does nothing.
+    fn started(&self, id: &str) {
+        let _ = id;
+    }
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds.

@@ -45,7 +45,7 @@ pub use hooksd::{
     load_dirs_under, load_file, load_file_under, parse_file,
 };
 pub use oci_spec;
-pub use run::{Outcome, RunOptions, run_hook};
+pub use run::{InContainer, Outcome, PathIn, RunOptions, run_hook};
 pub use state::{LATE_ANNOTATION, OCI_VERSION, SOURCE_ANNOTATION, state_of};
 
 use std::path::PathBuf;

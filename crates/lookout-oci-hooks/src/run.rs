@@ -40,8 +40,49 @@ pub struct RunOptions {
     pub close_fds: Vec<RawFd>,
     /// Enter the namespaces of this process (pid 1 for the host's, from a
     /// pod with `hostPID`) before exec: mnt, net, ipc, uts. `None`: stay in
-    /// ours.
+    /// ours. Not used with [`RunOptions::container`].
     pub namespaces_of: Option<u32>,
+    /// Run the hook in a container's namespaces (the runtime spec's
+    /// `createContainer` and `startContainer` stages) instead of the
+    /// host's. `cwd` is then ignored: the hook starts in the container's
+    /// `/`.
+    pub container: Option<InContainer>,
+}
+
+/// A hook run inside a container: in its user (when it has its own),
+/// cgroup, ipc, uts, net, pid and mount namespaces, as a runtime runs a
+/// `createContainer` or `startContainer` hook.
+///
+/// The container has already pivoted into its root (lookout sees it after
+/// `create`), so the hook's interpreter and libraries, if any, come from
+/// the container's file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InContainer {
+    /// The container's init process, as this process sees it.
+    pub pid: u32,
+    /// Where the hook's `path` is looked up.
+    pub path_in: PathIn,
+}
+
+impl InContainer {
+    /// In the namespaces of `pid`, `path` looked up as `path_in` says.
+    pub fn new(pid: u32, path_in: PathIn) -> InContainer {
+        InContainer { pid, path_in }
+    }
+}
+
+/// Where a hook run in a container finds its program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PathIn {
+    /// In the host's file system (under [`RunOptions::host_root`]): the
+    /// program is opened before the hook enters the container, and that
+    /// open file is executed (`createContainer`: "the path MUST resolve in
+    /// the runtime namespace").
+    Host,
+    /// In the container's file system (`startContainer`).
+    Container,
 }
 
 impl Default for RunOptions {
@@ -53,6 +94,7 @@ impl Default for RunOptions {
             output_limit: 64 * 1024,
             close_fds: Vec::new(),
             namespaces_of: None,
+            container: None,
         }
     }
 }
@@ -166,6 +208,193 @@ fn other_root(pid: u32) -> Option<OwnedFd> {
     }
 }
 
+/// What a hook's child process does after the fork, before exec.
+#[derive(Default)]
+struct ChildSetup {
+    /// Closed first.
+    close: Vec<RawFd>,
+    /// Namespaces entered, in order.
+    namespaces: Vec<RawFd>,
+    /// A root directory to enter after them.
+    root: Option<RawFd>,
+    /// The working directory, entered last (entering a mount namespace
+    /// moves to its root); `/` if it cannot be.
+    cwd: Option<std::ffi::CString>,
+    /// Exec this open file instead of the program's path.
+    exec: Option<ExecFd>,
+}
+
+impl ChildSetup {
+    /// Runs in the forked child. Only async-signal-safe syscalls.
+    fn run(&self) -> std::io::Result<()> {
+        // SAFETY (every call below): plain syscalls on integers and on C
+        // strings and pointer arrays that live in `self`, made before the
+        // fork.
+        unsafe {
+            for fd in &self.close {
+                libc::close(*fd);
+            }
+            for fd in &self.namespaces {
+                if libc::setns(*fd, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = self.root
+                && (libc::fchdir(fd) != 0 || libc::chroot(c".".as_ptr()) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(cwd) = &self.cwd
+                && libc::chdir(cwd.as_ptr()) != 0
+            {
+                libc::chdir(c"/".as_ptr());
+            }
+            if let Some(e) = &self.exec {
+                // Kept across exec: an interpreter (`#!`) reads the script
+                // through /dev/fd/N.
+                libc::fcntl(e.fd, libc::F_SETFD, 0);
+                libc::syscall(
+                    libc::SYS_execveat,
+                    e.fd,
+                    c"".as_ptr(),
+                    e.argv_ptrs.as_ptr(),
+                    e.envp_ptrs.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                );
+                // Only returns on failure.
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An open program and the argv and environment to exec it with, as the
+/// NULL-terminated arrays execveat(2) takes.
+struct ExecFd {
+    fd: RawFd,
+    _argv: Vec<std::ffi::CString>,
+    _envp: Vec<std::ffi::CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into the CStrings owned by the same value,
+// never written through; they are only read by execveat in the child.
+unsafe impl Send for ExecFd {}
+// SAFETY: as for Send: read-only.
+unsafe impl Sync for ExecFd {}
+
+impl ExecFd {
+    fn new(fd: RawFd, hook: &Hook, path: &Path) -> ExecFd {
+        let c = |s: &[u8]| std::ffi::CString::new(s).ok();
+        let argv: Vec<std::ffi::CString> = match hook.args().as_deref() {
+            Some(a) if !a.is_empty() => a.iter().filter_map(|x| c(x.as_bytes())).collect(),
+            _ => c(path.as_os_str().as_encoded_bytes()).into_iter().collect(),
+        };
+        let envp: Vec<std::ffi::CString> = hook
+            .env()
+            .iter()
+            .flatten()
+            .filter(|kv| kv.split_once('=').is_some_and(|(k, _)| !k.is_empty()))
+            .filter_map(|kv| c(kv.as_bytes()))
+            .collect();
+        let ptrs = |v: &[std::ffi::CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect::<Vec<_>>()
+        };
+        ExecFd {
+            fd,
+            argv_ptrs: ptrs(&argv),
+            envp_ptrs: ptrs(&envp),
+            _argv: argv,
+            _envp: envp,
+        }
+    }
+}
+
+/// A hook's program, opened to be executed from inside a container.
+fn open_program(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(OwnedFd::from(f))
+}
+
+/// The namespaces of a container's init to enter.
+struct ContainerNamespaces {
+    /// Entered by the child, in order: user first (it grants the
+    /// capabilities over the others when the container has its own), mnt
+    /// last.
+    fds: Vec<OwnedFd>,
+    /// Entered by the thread that spawns the child.
+    pid: Option<OwnedFd>,
+}
+
+/// Opens the namespaces of `pid` that differ from ours. Unlike the host's
+/// (best effort), a namespace of the container that cannot be opened is an
+/// error: the hook must not run outside it.
+fn container_namespaces(pid: u32) -> Result<ContainerNamespaces, Error> {
+    let mut fds = Vec::new();
+    let mut pid_ns = None;
+    for ns in ["user", "cgroup", "ipc", "uts", "net", "pid", "mnt"] {
+        let theirs = PathBuf::from(format!("/proc/{pid}/ns/{ns}"));
+        let spawn = |source| Error::Spawn {
+            path: theirs.clone(),
+            source,
+        };
+        let target = match std::fs::read_link(&theirs) {
+            Ok(t) => t,
+            // A kernel without this namespace type (cgroup before 4.6).
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && ns != "mnt" && ns != "pid" => {
+                if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+                    return Err(spawn(e));
+                }
+                continue;
+            }
+            Err(e) => return Err(spawn(e)),
+        };
+        if std::fs::read_link(format!("/proc/self/ns/{ns}")).is_ok_and(|ours| ours == target) {
+            continue;
+        }
+        let fd = OwnedFd::from(std::fs::File::open(&theirs).map_err(spawn)?);
+        if ns == "pid" {
+            pid_ns = Some(fd);
+        } else {
+            fds.push(fd);
+        }
+    }
+    Ok(ContainerNamespaces { fds, pid: pid_ns })
+}
+
+/// Spawns `cmd` from a new thread that first enters the pid namespace
+/// `ns` for its children, so the child is in it (setns(2) on a pid
+/// namespace changes only where the caller's children go). The thread ends
+/// with the spawn, so nothing else forks from it.
+fn spawn_in_pid_namespace(
+    cmd: &mut tokio::process::Command,
+    ns: &OwnedFd,
+) -> std::io::Result<tokio::process::Child> {
+    let handle = tokio::runtime::Handle::current();
+    let fd = ns.as_raw_fd();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let _in_runtime = handle.enter();
+            // SAFETY: setns(2) on a namespace fd that outlives this thread.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWPID) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            cmd.spawn()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
+    })
+}
+
 /// Runs `hook` with `state` on stdin.
 ///
 /// The hook gets `hook.args` as its argv (`args[0]` is argv\[0\], as with
@@ -180,32 +409,75 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         .timeout()
         .filter(|t| *t > 0)
         .map_or(opts.default_timeout, |t| Duration::from_secs(t as u64));
-    let (namespaces, enters_mnt) = match opts.namespaces_of {
-        Some(pid) => open_namespaces(pid),
-        None => (Vec::new(), false),
+    let mut cmd;
+    // What the child does between fork and exec, prepared here: after the
+    // fork only async-signal-safe calls on what exists already.
+    let mut child = ChildSetup {
+        close: opts.close_fds.clone(),
+        ..ChildSetup::default()
     };
-    // In the host's mount namespace already, but under another root (a
-    // chrooted agent): the hook enters the host process's root instead.
-    let root = match opts.namespaces_of {
-        Some(pid) if !enters_mnt => other_root(pid),
-        _ => None,
-    };
-    let in_host = enters_mnt || root.is_some();
-    // Host paths: as they are in the host's mount namespace, or else under
-    // `host_root` from ours, the host's symlinks followed there.
-    let here = |p: &Path| {
-        lookout_host::resolve_in_root(&opts.host_root, p)
-            .unwrap_or_else(|_| lookout_host::host_path(&opts.host_root, p))
-    };
-    let program = if in_host { path.clone() } else { here(&path) };
-    let cwd = if in_host {
-        opts.cwd.clone()
-    } else {
-        here(&opts.cwd)
-    };
-    let cwd =
-        std::ffi::CString::new(cwd.into_os_string().into_vec()).unwrap_or_else(|_| c"/".into());
-    let mut cmd = tokio::process::Command::new(&program);
+    // Kept open until the child is spawned.
+    let mut held: Vec<OwnedFd> = Vec::new();
+    let mut pid_ns = None;
+    match opts.container {
+        Some(ic) => {
+            let entered = container_namespaces(ic.pid)?;
+            child.namespaces = entered.fds.iter().map(AsRawFd::as_raw_fd).collect();
+            held.extend(entered.fds);
+            pid_ns = entered.pid;
+            cmd = match ic.path_in {
+                PathIn::Container => tokio::process::Command::new(&path),
+                PathIn::Host => {
+                    let here = lookout_host::resolve_in_root(&opts.host_root, &path)
+                        .unwrap_or_else(|_| lookout_host::host_path(&opts.host_root, &path));
+                    let program = open_program(&here).map_err(|source| Error::Spawn {
+                        path: path.clone(),
+                        source,
+                    })?;
+                    child.exec = Some(ExecFd::new(program.as_raw_fd(), hook, &path));
+                    held.push(program);
+                    // Never exec'd: the child execs the open file itself.
+                    tokio::process::Command::new(&path)
+                }
+            };
+            child.cwd = Some(c"/".into());
+        }
+        None => {
+            let (namespaces, enters_mnt) = match opts.namespaces_of {
+                Some(pid) => open_namespaces(pid),
+                None => (Vec::new(), false),
+            };
+            // In the host's mount namespace already, but under another
+            // root (a chrooted agent): the hook enters the host process's
+            // root instead.
+            let root = match opts.namespaces_of {
+                Some(pid) if !enters_mnt => other_root(pid),
+                _ => None,
+            };
+            let in_host = enters_mnt || root.is_some();
+            // Host paths: as they are in the host's mount namespace, or else
+            // under `host_root` from ours, the host's symlinks followed there.
+            let here = |p: &Path| {
+                lookout_host::resolve_in_root(&opts.host_root, p)
+                    .unwrap_or_else(|_| lookout_host::host_path(&opts.host_root, p))
+            };
+            let program = if in_host { path.clone() } else { here(&path) };
+            let cwd = if in_host {
+                opts.cwd.clone()
+            } else {
+                here(&opts.cwd)
+            };
+            child.cwd = Some(
+                std::ffi::CString::new(cwd.into_os_string().into_vec())
+                    .unwrap_or_else(|_| c"/".into()),
+            );
+            child.namespaces = namespaces.iter().map(AsRawFd::as_raw_fd).collect();
+            child.root = root.as_ref().map(AsRawFd::as_raw_fd);
+            held.extend(namespaces);
+            held.extend(root);
+            cmd = tokio::process::Command::new(&program);
+        }
+    }
     if let Some((first, rest)) = hook.args().as_deref().and_then(|a| a.split_first()) {
         cmd.arg0(first);
         cmd.args(rest);
@@ -224,41 +496,24 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let ns_fds: Vec<RawFd> = namespaces.iter().map(AsRawFd::as_raw_fd).collect();
-    let root_fd: Option<RawFd> = root.as_ref().map(AsRawFd::as_raw_fd);
-    let close = opts.close_fds.clone();
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe syscalls (close, setns, fchdir, chroot, chdir)
-    // on plain integers and on C strings allocated before the fork.
+    // only async-signal-safe syscalls on plain integers, C strings and
+    // pointer arrays allocated before the fork (ChildSetup::run).
     unsafe {
-        cmd.pre_exec(move || {
-            for fd in &close {
-                libc::close(*fd);
-            }
-            for fd in &ns_fds {
-                if libc::setns(*fd, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some(fd) = root_fd
-                && (libc::fchdir(fd) != 0 || libc::chroot(c".".as_ptr()) != 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // After setns: entering a mount namespace moved us to its root.
-            if libc::chdir(cwd.as_ptr()) != 0 {
-                libc::chdir(c"/".as_ptr());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || child.run());
     }
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+    let spawned = match pid_ns {
+        // The pid namespace is entered for the children of a thread: spawn
+        // from a thread of our own that enters it and ends.
+        Some(ns) => spawn_in_pid_namespace(&mut cmd, &ns),
+        None => cmd.spawn(),
+    };
+    let mut child = spawned.map_err(|source| Error::Spawn {
         path: path.clone(),
         source,
     })?;
-    drop(namespaces);
-    drop(root);
+    drop(held);
     let pgid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         // A hook that does not read its stdin must not block us: write

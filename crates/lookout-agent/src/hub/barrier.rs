@@ -261,4 +261,10 @@ impl StartBarrier for Barriers {
                 .collect(),
         )
     }
+
+    fn started(&self, id: &str) {
+        for b in &self.0 {
+            b.started(id);
+        }
+    }
 }

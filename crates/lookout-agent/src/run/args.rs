@@ -132,6 +132,13 @@ pub struct RunArgs {
     /// longest a runtime's `start` waits for a container's prestart hooks.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(crate) hook_timeout: Duration,
+    /// What a failing or timed-out hook before the start (`prestart`,
+    /// `createRuntime`, `createContainer`, `startContainer`) does: `stop`
+    /// refuses the container's start, as the runtime spec says and runc,
+    /// CRI-O and podman do; `warn` only logs and counts it. `poststart` and
+    /// `poststop` failures always only warn.
+    #[arg(long, value_enum, default_value_t = HookFailureArg::Stop, value_name = "stop|warn")]
+    pub(crate) hook_failure: HookFailureArg,
     /// The longest a runtime exec waits on lookout for anything but a
     /// container's prestart hooks (reading its config.json and state). A
     /// hung file system costs the one container involved at most this.
@@ -419,5 +426,23 @@ mod tests {
         );
         assert!(parse_state_root("crun:relative").is_err());
         assert!(parse_state_root("relative").is_err());
+    }
+}
+
+/// `--hook-failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HookFailureArg {
+    /// The container does not start.
+    Stop,
+    /// Logged and counted; the container starts.
+    Warn,
+}
+
+impl From<HookFailureArg> for crate::hooks::OnHookFailure {
+    fn from(a: HookFailureArg) -> Self {
+        match a {
+            HookFailureArg::Stop => crate::hooks::OnHookFailure::Stop,
+            HookFailureArg::Warn => crate::hooks::OnHookFailure::Warn,
+        }
     }
 }

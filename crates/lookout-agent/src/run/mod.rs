@@ -283,6 +283,7 @@ async fn run_async(
         poststop: args.poststop.clone(),
         dirs: args.hooks_dirs.clone(),
         timeout: args.hook_timeout,
+        on_failure: args.hook_failure.into(),
         host_root: args.host_root.clone(),
         host_namespaces_pid: args.host_namespaces_pid,
     };
@@ -329,7 +330,7 @@ async fn run_async(
     let (stack, hooks_barrier) = sink_stack(
         stdout,
         &hub,
-        hook_settings,
+        (hook_settings, std::sync::Arc::clone(&metrics)),
         events,
         &side,
         claims.clone(),
@@ -509,13 +510,14 @@ type Out = merge::MergeSink<Stack>;
 fn sink_stack(
     stdout: StdoutSink,
     hub: &std::sync::Arc<Hub>,
-    hooks: HookSettings,
+    (hooks, metrics): (HookSettings, std::sync::Arc<crate::metrics::Metrics>),
     events: Option<Events>,
     side: &tokio::runtime::Handle,
     claims: Option<crate::handover::Claims>,
     pinned: Option<std::sync::Arc<std::sync::Mutex<Pinned>>>,
 ) -> (Stack, crate::hooks::Barrier) {
-    let (hooks, barrier) = HookSink::new(stdout, hooks, events, side.clone(), claims);
+    let (hooks, barrier) =
+        HookSink::new(stdout, hooks, events, side.clone(), claims, Some(metrics));
     let hub = HubSink::new(std::sync::Arc::clone(hub), hooks);
     (PinSink::new(hub, pinned), barrier)
 }

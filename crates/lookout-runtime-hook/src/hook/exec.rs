@@ -116,13 +116,27 @@ impl RuntimeHook {
             }
             // The container is still `created`: the lifecycle reports it
             // before its process may run.
-            Command::Start { id } => self.step(
-                Input::Start {
-                    id: id.clone(),
-                    perm,
-                },
-                sink,
-            ),
+            Command::Start { id } => {
+                if let Some(barrier) = self.config.start_barrier.as_ref().filter(|_| pid != 0) {
+                    let root = inv
+                        .root
+                        .clone()
+                        .unwrap_or_else(|| default_root(&inv.runtime));
+                    let fifo = lookout_host::host_path(
+                        &self.config.host_root,
+                        &root.join(id).join("exec.fifo"),
+                    );
+                    let init = self.lifecycle.tracked_pid(id);
+                    super::started::watch(pid, init, fifo, id.clone(), Arc::clone(barrier));
+                }
+                self.step(
+                    Input::Start {
+                        id: id.clone(),
+                        perm,
+                    },
+                    sink,
+                )
+            }
             Command::Delete { id } => {
                 if let Some(perm) = perm {
                     self.step(Input::Other { perm }, sink);

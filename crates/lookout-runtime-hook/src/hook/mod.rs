@@ -42,6 +42,7 @@ mod late;
 mod marks;
 mod read;
 mod scan;
+mod started;
 
 use builder::Config;
 pub use builder::{Builder, DEFAULT_SCHEDULER_SLICE};
