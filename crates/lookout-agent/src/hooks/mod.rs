@@ -200,7 +200,7 @@ impl StartBarrier for Barrier {
 /// The decision for a failure before the start: refuse it, or only warn.
 fn decide(on_failure: OnHookFailure, id: &str, reason: String) -> StartDecision {
     match on_failure {
-        OnHookFailure::Stop => StartDecision::Deny(reason),
+        OnHookFailure::Stop => StartDecision::Deny(format!("denied by hooks: {reason}")),
         OnHookFailure::Warn => {
             tracing::warn!(
                 id,

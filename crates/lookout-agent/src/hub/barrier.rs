@@ -226,6 +226,41 @@ impl Drop for Counted {
     }
 }
 
+/// A start barrier of another part (the hooks) whose denials the hub
+/// reports: the container's `removed` event carries the reason, as it does
+/// for a gate's.
+pub struct DenialsReported<B>(pub B, pub Arc<Hub>);
+
+impl<B: StartBarrier> DenialsReported<B> {
+    fn reported(&self, id: &str, wait: StartWait) -> StartWait {
+        let (hub, id) = (Arc::clone(&self.1), id.to_owned());
+        Box::pin(async move {
+            let d = wait.await;
+            if let StartDecision::Deny(reason) = &d {
+                let mut s = lock(&hub.state);
+                if s.live.contains_key(&id) {
+                    s.denied.entry(id).or_insert_with(|| reason.clone());
+                }
+            }
+            d
+        })
+    }
+}
+
+impl<B: StartBarrier> StartBarrier for DenialsReported<B> {
+    fn wait(&self, id: &str) -> Option<StartWait> {
+        self.0.wait(id).map(|w| self.reported(id, w))
+    }
+
+    fn wait_until(&self, id: &str, until: Instant) -> Option<StartWait> {
+        self.0.wait_until(id, until).map(|w| self.reported(id, w))
+    }
+
+    fn started(&self, id: &str) {
+        self.0.started(id);
+    }
+}
+
 /// Every start barrier at once: the start goes on when all proceed, and
 /// is denied as soon as one denies.
 pub struct Barriers(pub Vec<Arc<dyn StartBarrier>>);

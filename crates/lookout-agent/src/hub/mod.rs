@@ -36,7 +36,7 @@ mod standby;
 mod watch;
 
 pub(crate) use barrier::Counted;
-pub use barrier::{Barriers, GateBarrier};
+pub use barrier::{Barriers, DenialsReported, GateBarrier};
 pub(crate) use gate::SubscriptionStore;
 pub use gate::{FailurePolicy, GateSubscriber, HoldRequest, Responder, Subscription, Verdict};
 use gate::{OpenHold, Parked, Subscriber};

@@ -31,7 +31,7 @@ use output::StdoutSink;
 use startup::StartupClock;
 
 use crate::hooks::{HookSettings, HookSink};
-use crate::hub::{Barriers, GateBarrier, Hub, HubConfig, HubSink};
+use crate::hub::{Barriers, DenialsReported, GateBarrier, Hub, HubConfig, HubSink};
 use crate::k8s_events::{EventLimit, Events};
 use crate::merge;
 use crate::pinned::{PinSink, Pinned};
@@ -368,7 +368,10 @@ async fn run_async(
             &hub,
         )))];
     if hooks_wanted {
-        barriers.push(std::sync::Arc::new(hooks_barrier));
+        barriers.push(std::sync::Arc::new(DenialsReported(
+            hooks_barrier,
+            std::sync::Arc::clone(&hub),
+        )));
     }
     // A reader of stdout has the container's `added` line before it runs.
     barriers.push(std::sync::Arc::new(stdout_barrier));
