@@ -315,14 +315,36 @@ impl ExecFd {
     }
 }
 
-/// A hook's program, opened to be executed from inside a container.
+/// The most bytes of a hook program copied for [`open_program`].
+const MAX_PROGRAM_BYTES: u64 = 256 << 20;
+
+/// A hook's program, to be executed from inside a container: a sealed
+/// copy in memory, never the host's file. The hook runs in the
+/// container's pid namespace, where the container's processes see its
+/// `/proc/<pid>/exe`: through the host's file they could write to it (as
+/// runc's CVE-2019-5736); through a sealed memfd there is nothing to
+/// write.
 fn open_program(path: &Path) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)?;
-    Ok(OwnedFd::from(f))
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    if len > MAX_PROGRAM_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{len} bytes: a program run in a container is copied, at most {MAX_PROGRAM_BYTES}"
+        )));
+    }
+    let fd = nix::sys::memfd::memfd_create(
+        c"lookout-hook",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+    )?;
+    let mut copy = std::fs::File::from(fd);
+    std::io::copy(&mut file.take(MAX_PROGRAM_BYTES), &mut copy)?;
+    let seals = nix::fcntl::SealFlag::F_SEAL_SEAL
+        | nix::fcntl::SealFlag::F_SEAL_SHRINK
+        | nix::fcntl::SealFlag::F_SEAL_GROW
+        | nix::fcntl::SealFlag::F_SEAL_WRITE;
+    nix::fcntl::fcntl(&copy, nix::fcntl::FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(OwnedFd::from(copy))
 }
 
 /// The namespaces of a container's init to enter.

@@ -249,3 +249,47 @@ async fn a_hook_runs_in_the_root_of_the_process_it_runs_for() {
     );
     assert!(!std::path::Path::new(&marker).exists(), "not in ours");
 }
+
+/// A program run in a container is a sealed copy in memory: the
+/// container's processes, which see the hook's `/proc/<pid>/exe`, find
+/// nothing of the host's to write to (runc's CVE-2019-5736). In our own
+/// namespaces (nothing to enter, so no root needed), with busybox, a
+/// static program.
+#[tokio::test]
+async fn a_program_run_in_a_container_is_a_sealed_copy_not_the_hosts_file() {
+    let Some(busybox) = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        // (Not lookout-testsupport's `skip`: this file is packaged.)
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "busybox-static is not installed"
+        );
+        eprintln!("SKIPPED sealed_hook_program: busybox-static is not installed");
+        return;
+    };
+    let hook = HookBuilder::default()
+        .path(busybox)
+        .args(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            // The exe, then a write through it (refused: sealed, or busy).
+            "readlink /proc/self/exe; echo x >> /proc/self/exe && echo WROTE".to_owned(),
+        ])
+        .build()
+        .expect("hook");
+    let mut opts = RunOptions::default();
+    opts.container = Some(lookout_oci_hooks::InContainer::new(
+        std::process::id(),
+        lookout_oci_hooks::PathIn::Host,
+    ));
+    let o = run_hook(&hook, &state(), &opts).await.expect("ran");
+    assert!(
+        o.stdout.starts_with("/memfd:lookout-hook"),
+        "{} / {}",
+        o.stdout,
+        o.stderr
+    );
+    assert!(!o.stdout.contains("WROTE"), "{}", o.stdout);
+}
