@@ -225,34 +225,47 @@ struct ChildSetup {
 }
 
 impl ChildSetup {
-    /// Runs in the forked child. Only async-signal-safe syscalls.
+    /// Runs in the forked child. Only async-signal-safe syscalls, on
+    /// integers and on C strings and pointer arrays made before the fork.
     fn run(&self) -> std::io::Result<()> {
-        // SAFETY (every call below): plain syscalls on integers and on C
-        // strings and pointer arrays that live in `self`, made before the
-        // fork.
-        unsafe {
-            for fd in &self.close {
-                libc::close(*fd);
+        let check = |r: libc::c_int| {
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
             }
-            for fd in &self.namespaces {
-                if libc::setns(*fd, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+        };
+        for fd in &self.close {
+            // SAFETY: close(2) on an integer; a wrong one only fails.
+            unsafe { libc::close(*fd) };
+        }
+        for fd in &self.namespaces {
+            // SAFETY: setns(2) on a namespace fd the parent keeps open.
+            check(unsafe { libc::setns(*fd, 0) })?;
+        }
+        if let Some(fd) = self.root {
+            // SAFETY: fchdir(2) on a directory fd the parent keeps open,
+            // then chroot(2) on a static C string.
+            check(unsafe { libc::fchdir(fd) })?;
+            // SAFETY: as above.
+            check(unsafe { libc::chroot(c".".as_ptr()) })?;
+        }
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: chdir(2) on C strings that outlive the call.
+            if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+                // SAFETY: as above.
+                unsafe { libc::chdir(c"/".as_ptr()) };
             }
-            if let Some(fd) = self.root
-                && (libc::fchdir(fd) != 0 || libc::chroot(c".".as_ptr()) != 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if let Some(cwd) = &self.cwd
-                && libc::chdir(cwd.as_ptr()) != 0
-            {
-                libc::chdir(c"/".as_ptr());
-            }
-            if let Some(e) = &self.exec {
-                // Kept across exec: an interpreter (`#!`) reads the script
-                // through /dev/fd/N.
-                libc::fcntl(e.fd, libc::F_SETFD, 0);
+        }
+        if let Some(e) = &self.exec {
+            // Kept across exec: an interpreter (`#!`) reads the script
+            // through /dev/fd/N.
+            // SAFETY: fcntl(2) F_SETFD on an fd the parent keeps open.
+            unsafe { libc::fcntl(e.fd, libc::F_SETFD, 0) };
+            // SAFETY: execveat(2) with NULL-terminated arrays of pointers
+            // into C strings owned by `e`, all made before the fork; it
+            // only returns on failure.
+            unsafe {
                 libc::syscall(
                     libc::SYS_execveat,
                     e.fd,
@@ -260,10 +273,9 @@ impl ChildSetup {
                     e.argv_ptrs.as_ptr(),
                     e.envp_ptrs.as_ptr(),
                     libc::AT_EMPTY_PATH,
-                );
-                // Only returns on failure.
-                return Err(std::io::Error::last_os_error());
-            }
+                )
+            };
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }
