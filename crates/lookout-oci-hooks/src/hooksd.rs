@@ -1,6 +1,8 @@
 //! hooks.d directories in the oci-hooks(5) 1.0.0 format used by CRI-O and
 //! podman, with the same matching rules as containers/common.
 
+mod fields;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -8,7 +10,9 @@ use std::time::SystemTime;
 use lookout_model::Chain;
 use oci_spec::runtime::Hook;
 use regex::Regex;
-use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use fields::Fields;
 
 /// A lifecycle stage a hook asks for. Non-exhaustive: the runtime spec
 /// has added stages before.
@@ -53,25 +57,6 @@ impl Stage {
             Stage::Prestart | Stage::CreateRuntime | Stage::CreateContainer | Stage::StartContainer
         )
     }
-}
-
-#[derive(Debug, Deserialize)]
-struct HookFile {
-    version: String,
-    hook: Hook,
-    #[serde(default)]
-    when: WhenFile,
-    #[serde(default)]
-    stages: Vec<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct WhenFile {
-    always: Option<bool>,
-    annotations: Option<BTreeMap<String, String>>,
-    commands: Option<Vec<String>>,
-    #[serde(rename = "hasBindMounts")]
-    has_bind_mounts: Option<bool>,
 }
 
 /// The `when` block, regexes compiled.
@@ -169,7 +154,8 @@ pub enum LoadError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not JSON of the oci-hooks(5) shape.
+    /// The file is not JSON, or not a JSON object (a field of the wrong type
+    /// is a [`LoadError::Field`]).
     #[error("{}: invalid JSON", path.display())]
     Json {
         /// The file.
@@ -177,13 +163,14 @@ pub enum LoadError {
         /// serde's complaint (with line and column).
         source: serde_json::Error,
     },
-    /// A regex of the `when` block does not compile.
+    /// A regex does not compile.
     #[error("{}: {field}: invalid regex {regex:?}", path.display())]
     Regex {
         /// The file.
         path: PathBuf,
-        /// `when.annotations` or `when.commands`.
-        field: &'static str,
+        /// Where the regex is: `when.annotations` (a key),
+        /// `when.annotations["key"]` (its value), `when.commands[2]`.
+        field: String,
         /// The pattern.
         regex: String,
         /// The regex crate's complaint.
@@ -199,9 +186,20 @@ pub enum LoadError {
         /// Why it is not there.
         source: std::io::Error,
     },
-    /// The file breaks a rule of the format: not a regular file, too big,
-    /// another version, a relative `hook.path`, no or unknown stages, a
-    /// `when` without a condition...
+    /// A field breaks a rule of the format: a version lookout does not
+    /// read, a missing field, a value of the wrong JSON type, a relative
+    /// `hook.path`, no or an unknown stage, a `when` without a condition...
+    #[error("{}: {field}: {reason}", path.display())]
+    Field {
+        /// The file.
+        path: PathBuf,
+        /// The field, as a path into the file: `version`, `hook.path`,
+        /// `stages[1]`, `when`.
+        field: String,
+        /// The rule it breaks (one line; strings from the file are quoted).
+        reason: String,
+    },
+    /// The file as a whole breaks a rule: not a regular file, too big.
     #[error("{}: {reason}", path.display())]
     Invalid {
         /// The file.
@@ -219,6 +217,7 @@ impl LoadError {
             | LoadError::Json { path, .. }
             | LoadError::Regex { path, .. }
             | LoadError::HookPath { path, .. }
+            | LoadError::Field { path, .. }
             | LoadError::Invalid { path, .. } => path,
         }
     }
@@ -281,88 +280,106 @@ pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, Load
 }
 
 /// Parses the bytes of hook file `path` (oci-hooks(5) version 1.0.0):
-/// everything [`load_file`] checks but the file system.
+/// everything [`load_file`] checks but the file system. Every refusal names
+/// the file and the field.
 pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
-    let invalid = |reason: String| LoadError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let f: HookFile = serde_json::from_slice(text).map_err(|source| LoadError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if f.version != "1.0.0" {
-        return Err(invalid(format!(
-            "version {:?}: only the oci-hooks(5) 1.0.0 format is supported",
-            f.version
-        )));
-    }
-    let p = f.hook.path();
-    if !p.is_absolute() {
-        return Err(invalid(format!(
-            "hook.path {} is not absolute",
-            p.display()
-        )));
-    }
-    if let Some(t) = f.hook.timeout()
-        && t <= 0
-    {
-        return Err(invalid(format!(
-            "hook.timeout {t} must be greater than zero"
-        )));
-    }
-    if f.stages.is_empty() {
-        return Err(invalid("stages is empty".into()));
-    }
-    let mut stages = Vec::new();
-    for s in &f.stages {
-        match Stage::parse(s) {
-            Some(st) => stages.push(st),
-            None => return Err(invalid(format!("unknown stage {s:?}"))),
-        }
-    }
-    let compile = |field: &'static str, re: &str| {
-        Regex::new(re).map_err(|source| LoadError::Regex {
+    let object: Map<String, Value> =
+        serde_json::from_slice(text).map_err(|source| LoadError::Json {
             path: path.to_path_buf(),
-            field,
-            regex: re.to_owned(),
             source,
-        })
+        })?;
+    let top = Fields::top(path, &object);
+    let Parsed { hook, when, stages } = match top.string("version")? {
+        Some(CURRENT_VERSION) => parse_current(&top)?,
+        None => return Err(top.refuse("version", "missing".into())),
+        Some(other) => {
+            return Err(top.refuse(
+                "version",
+                format!(
+                    "{other:?} is not an oci-hooks(5) version lookout reads ({CURRENT_VERSION})"
+                ),
+            ));
+        }
     };
-    let mut annotations = Vec::new();
-    for (k, v) in f.when.annotations.iter().flatten() {
-        annotations.push((
-            compile("when.annotations", k)?,
-            compile("when.annotations", v)?,
-        ));
-    }
-    let mut commands = Vec::new();
-    for c in f.when.commands.iter().flatten() {
-        commands.push(compile("when.commands", c)?);
-    }
-    let when = When {
-        always: f.when.always,
-        annotations,
-        commands,
-        has_bind_mounts: f.when.has_bind_mounts,
-    };
-    if when.always.is_none()
-        && when.has_bind_mounts.is_none()
-        && when.annotations.is_empty()
-        && when.commands.is_empty()
-    {
-        return Err(invalid("when has no condition (set at least one of always, annotations, commands, hasBindMounts)".into()));
-    }
     Ok(HookConfig {
         name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         source: path.to_path_buf(),
-        hook: f.hook,
+        hook,
         when,
         stages,
     })
+}
+
+/// The version of the current format.
+const CURRENT_VERSION: &str = "1.0.0";
+
+/// What a file gives.
+struct Parsed {
+    hook: Hook,
+    when: When,
+    stages: Vec<Stage>,
+}
+
+/// Reads a 1.0.0 file.
+fn parse_current(top: &Fields<'_>) -> Result<Parsed, LoadError> {
+    let Some(h) = top.object("hook", "hook.")? else {
+        return Err(top.refuse("hook", "missing".into()));
+    };
+    let Some(program) = h.string("path")? else {
+        return Err(h.refuse("path", "missing".into()));
+    };
+    let mut hook = Hook::default();
+    hook.set_path(h.absolute_path("path", program)?);
+    let owned = |v: Vec<&str>| v.into_iter().map(str::to_owned).collect();
+    hook.set_args(h.strings("args")?.map(owned));
+    hook.set_env(h.strings("env")?.map(owned));
+    if let Some(t) = h.int("timeout")? {
+        if t <= 0 {
+            return Err(h.refuse("timeout", format!("{t} is not greater than zero")));
+        }
+        hook.set_timeout(Some(t));
+    }
+
+    let Some(names) = top.strings("stages")? else {
+        return Err(top.refuse("stages", "missing".into()));
+    };
+    let stages = top.stages("stages", &names)?;
+
+    let mut when = When {
+        always: None,
+        annotations: Vec::new(),
+        commands: Vec::new(),
+        has_bind_mounts: None,
+    };
+    if let Some(w) = top.object("when", "when.")? {
+        when.always = w.bool("always")?;
+        for (k, v) in w.string_map("annotations")?.into_iter().flatten() {
+            when.annotations.push((
+                w.regex(w.name("annotations"), k)?,
+                w.regex(format!("{}[{k:?}]", w.name("annotations")), v)?,
+            ));
+        }
+        for (i, c) in w.strings("commands")?.into_iter().flatten().enumerate() {
+            when.commands
+                .push(w.regex(format!("{}[{i}]", w.name("commands")), c)?);
+        }
+        when.has_bind_mounts = w.bool("hasBindMounts")?;
+    }
+    if when.always.is_none()
+        && when.has_bind_mounts.is_none()
+        && when.annotations.is_empty()
+        && when.commands.is_empty()
+    {
+        return Err(top.refuse(
+            "when",
+            "no condition (set at least one of always, annotations, commands, hasBindMounts)"
+                .into(),
+        ));
+    }
+    Ok(Parsed { hook, when, stages })
 }
 
 /// Loads `dirs` in order: a file in a later directory replaces the file of
@@ -600,8 +617,8 @@ mod tests {
         );
         w(
             a.path(),
-            "80-old.json",
-            r#"{"version":"0.1.0","hook":"/bin/true","stage":["prestart"]}"#,
+            "80-version.json",
+            r#"{"version":"2.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["prestart"]}"#,
         );
         w(
             a.path(),
@@ -641,16 +658,146 @@ mod tests {
         );
         assert!(
             bad[2].starts_with(
-                "60-regex.json: when.commands: invalid regex \"(\": regex parse error"
+                "60-regex.json: when.commands[0]: invalid regex \"(\": regex parse error"
             ),
             "{bad:?}"
         );
-        assert_eq!(bad[3], "70-stage.json: unknown stage \"postmortem\"");
-        assert!(bad[4].starts_with("80-old.json: invalid JSON: "), "{bad:?}");
+        assert_eq!(
+            bad[3],
+            "70-stage.json: stages[0]: unknown stage \"postmortem\""
+        );
         assert!(
-            bad[5].starts_with("90-nowhen.json: when has no condition"),
+            bad[4].starts_with("80-version.json: version: \"2.0.0\" is not"),
             "{bad:?}"
         );
+        assert!(
+            bad[5].starts_with("90-nowhen.json: when: no condition"),
+            "{bad:?}"
+        );
+    }
+
+    /// `parse_file`'s refusal of `json`, without the file's name (checked).
+    fn refusal(json: &str) -> String {
+        let path = Path::new("/etc/containers/oci/hooks.d/x.json");
+        let e = parse_file(json.as_bytes(), path).expect_err(json);
+        assert_eq!(e.path(), path);
+        let message = e.to_string();
+        assert!(!message.contains('\n'), "one line: {message:?}");
+        message
+            .strip_prefix("/etc/containers/oci/hooks.d/x.json: ")
+            .unwrap_or_else(|| panic!("names the file: {message:?}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn refusals_of_a_1_0_0_file_name_the_field() {
+        let file = |hook: &str, when: &str, stages: &str| {
+            format!(r#"{{"version":"1.0.0","hook":{hook},"when":{when},"stages":{stages}}}"#)
+        };
+        let ok_hook = r#"{"path":"/bin/true"}"#;
+        let ok_when = r#"{"always":true}"#;
+        let ok_stages = r#"["prestart"]"#;
+        let cases = [
+            (
+                r#"{"version":1}"#.to_owned(),
+                "version: expected a string, found a number",
+            ),
+            (
+                r#"{"version":"1.0.0","when":{"always":true},"stages":["prestart"]}"#.to_owned(),
+                "hook: missing",
+            ),
+            (
+                file(r#""/bin/true""#, ok_when, ok_stages),
+                "hook: expected an object, found a string",
+            ),
+            (file("{}", ok_when, ok_stages), "hook.path: missing"),
+            (
+                file(r#"{"path":"bin/true"}"#, ok_when, ok_stages),
+                r#"hook.path: "bin/true" is not absolute"#,
+            ),
+            (
+                file(
+                    r#"{"path":"/bin/true","args":["true",1]}"#,
+                    ok_when,
+                    ok_stages,
+                ),
+                "hook.args[1]: expected a string, found a number",
+            ),
+            (
+                file(r#"{"path":"/bin/true","env":"A=1"}"#, ok_when, ok_stages),
+                "hook.env: expected an array of strings, found a string",
+            ),
+            (
+                file(r#"{"path":"/bin/true","timeout":0}"#, ok_when, ok_stages),
+                "hook.timeout: 0 is not greater than zero",
+            ),
+            (
+                file(r#"{"path":"/bin/true","timeout":1.5}"#, ok_when, ok_stages),
+                "hook.timeout: 1.5 is not a 64-bit integer",
+            ),
+            (
+                file(ok_hook, r#"{"always":"yes"}"#, ok_stages),
+                "when.always: expected true or false, found a string",
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"a":1}}"#, ok_stages),
+                r#"when.annotations["a"]: expected a string, found a number"#,
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"a":"("}}"#, ok_stages),
+                r#"when.annotations["a"]: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"(":"a"}}"#, ok_stages),
+                r#"when.annotations: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"commands":["a","b","("]}"#, ok_stages),
+                r#"when.commands[2]: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"commands":[]}"#, ok_stages),
+                "when: no condition (set at least one of always, annotations, commands, hasBindMounts)",
+            ),
+            (
+                r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true}}"#
+                    .to_owned(),
+                "stages: missing",
+            ),
+            (
+                file(ok_hook, ok_when, "[]"),
+                "stages: empty (the hook would never run)",
+            ),
+            (
+                file(ok_hook, ok_when, r#"["prestart",7]"#),
+                "stages[1]: expected a string, found a number",
+            ),
+            (
+                file(ok_hook, ok_when, r#"["prestart","postmortem"]"#),
+                r#"stages[1]: unknown stage "postmortem""#,
+            ),
+        ];
+        for (json, want) in cases {
+            assert_eq!(refusal(&json), want, "{json}");
+        }
+        // A well-formed file: args, env and timeout kept.
+        let h = parse_file(
+            file(
+                r#"{"path":"/bin/true","args":["true","-x"],"env":["A=1"],"timeout":3}"#,
+                ok_when,
+                r#"["poststop","prestart"]"#,
+            )
+            .as_bytes(),
+            Path::new("/x.json"),
+        )
+        .expect("valid");
+        assert_eq!(
+            h.hook.args().as_deref(),
+            Some(&["true".to_owned(), "-x".to_owned()][..])
+        );
+        assert_eq!(h.hook.env().as_deref(), Some(&["A=1".to_owned()][..]));
+        assert_eq!(h.hook.timeout(), Some(3));
+        assert_eq!(h.stages, [Stage::Poststop, Stage::Prestart]);
     }
 
     #[test]
