@@ -1,7 +1,9 @@
-//! hooks.d directories in the oci-hooks(5) 1.0.0 format used by CRI-O and
-//! podman, with the same matching rules as containers/common.
+//! hooks.d directories in the oci-hooks(5) formats used by CRI-O and
+//! podman (1.0.0, and the legacy 0.1.0 in [`legacy`]), with the same
+//! matching rules as containers/common.
 
 mod fields;
+mod legacy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -59,13 +61,17 @@ impl Stage {
     }
 }
 
-/// The `when` block, regexes compiled.
+/// The `when` block, regexes compiled (of a 0.1.0 file: its conditions,
+/// translated).
 #[derive(Debug, Clone)]
 pub struct When {
     always: Option<bool>,
     annotations: Vec<(Regex, Regex)>,
     commands: Vec<Regex>,
     has_bind_mounts: Option<bool>,
+    /// Any one condition that holds is enough: a 0.1.0 file's rule
+    /// (containers/common's `When.Or`); 1.0.0 files need all of them.
+    any: bool,
 }
 
 /// What a `when` block is matched against.
@@ -80,35 +86,38 @@ pub struct Target<'a> {
 }
 
 impl When {
-    /// The oci-hooks(5) 1.0.0 rules, as containers/common implements them:
-    /// every condition that is set must match; regexes are unanchored
-    /// (write `^...$` yourself); `always: false` or `hasBindMounts: false`
-    /// never match; when `commands` is set and the config has a process, the
-    /// command match decides (after the other conditions passed); a `when`
+    /// The oci-hooks(5) rules, as containers/common implements them.
+    ///
+    /// 1.0.0: every condition that is set must match; regexes are
+    /// unanchored (write `^...$` yourself); `always: false` or
+    /// `hasBindMounts: false` never match; when `commands` is set and the
+    /// config has a process, the command match decides (after the other
+    /// conditions passed); a `when` with no condition never matches.
+    ///
+    /// 0.1.0: one condition that matches is enough (`hasbindmounts: false`
+    /// and an annotation that matches nothing rule nothing out); failing
+    /// those, `cmds` decide when set and the config has a process; a file
     /// with no condition never matches.
     pub fn matches(&self, t: &Target<'_>) -> bool {
+        // Lazily, in containers/common's order: `always`, `hasBindMounts`,
+        // each annotation pair; then the commands.
+        let conditions = self
+            .always
+            .into_iter()
+            .chain(self.has_bind_mounts.map(|want| want && t.has_bind_mounts))
+            .chain(self.annotations.iter().map(|(key, value)| {
+                t.annotations
+                    .iter()
+                    .any(|(k, v)| key.is_match(k) && value.is_match(v))
+            }));
         let mut matched = 0;
-        if let Some(always) = self.always {
-            if !always {
-                return false;
+        for hit in conditions {
+            match (hit, self.any) {
+                (true, true) => return true,
+                (false, false) => return false,
+                (true, false) => matched += 1,
+                (false, true) => {}
             }
-            matched += 1;
-        }
-        if let Some(want) = self.has_bind_mounts {
-            if !(want && t.has_bind_mounts) {
-                return false;
-            }
-            matched += 1;
-        }
-        for (key, value) in &self.annotations {
-            let hit = t
-                .annotations
-                .iter()
-                .any(|(k, v)| key.is_match(k) && value.is_match(v));
-            if !hit {
-                return false;
-            }
-            matched += 1;
         }
         if let Some(args) = t.args
             && !self.commands.is_empty()
@@ -169,7 +178,8 @@ pub enum LoadError {
         /// The file.
         path: PathBuf,
         /// Where the regex is: `when.annotations` (a key),
-        /// `when.annotations["key"]` (its value), `when.commands[2]`.
+        /// `when.annotations["key"]` (its value), `when.commands[2]`; in a
+        /// 0.1.0 file `cmds[0]`, `annotations[1]`.
         field: String,
         /// The pattern.
         regex: String,
@@ -188,13 +198,15 @@ pub enum LoadError {
     },
     /// A field breaks a rule of the format: a version lookout does not
     /// read, a missing field, a value of the wrong JSON type, a relative
-    /// `hook.path`, no or an unknown stage, a `when` without a condition...
+    /// `hook.path`, no or an unknown stage, a `when` without a condition,
+    /// two synonyms of a 0.1.0 file both set...
     #[error("{}: {field}: {reason}", path.display())]
     Field {
         /// The file.
         path: PathBuf,
         /// The field, as a path into the file: `version`, `hook.path`,
-        /// `stages[1]`, `when`.
+        /// `stages[1]`, `when`; in a 0.1.0 file `hook`, `arguments[0]`,
+        /// `stage`.
         field: String,
         /// The rule it breaks (one line; strings from the file are quoted).
         reason: String,
@@ -279,9 +291,14 @@ pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, Load
     Ok(c)
 }
 
-/// Parses the bytes of hook file `path` (oci-hooks(5) version 1.0.0):
-/// everything [`load_file`] checks but the file system. Every refusal names
-/// the file and the field.
+/// Parses the bytes of hook file `path`: everything [`load_file`] checks
+/// but the file system.
+///
+/// The version is told as containers/common tells it: `"version": "1.0.0"`
+/// is the 1.0.0 format; `"0.1.0"`, `""`, `null` or no `version` at all is
+/// the legacy 0.1.0 format (translated to the same [`HookConfig`], with its
+/// any-of [`When`]); any other version is refused. Every refusal names the
+/// file and the field.
 pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
     let object: Map<String, Value> =
         serde_json::from_slice(text).map_err(|source| LoadError::Json {
@@ -291,12 +308,14 @@ pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
     let top = Fields::top(path, &object);
     let Parsed { hook, when, stages } = match top.string("version")? {
         Some(CURRENT_VERSION) => parse_current(&top)?,
-        None => return Err(top.refuse("version", "missing".into())),
+        None | Some("" | legacy::VERSION) => legacy::parse(&top)?,
         Some(other) => {
             return Err(top.refuse(
                 "version",
                 format!(
-                    "{other:?} is not an oci-hooks(5) version lookout reads ({CURRENT_VERSION})"
+                    "{other:?} is not an oci-hooks(5) version lookout reads \
+                     ({CURRENT_VERSION}, or {} or none for the legacy format)",
+                    legacy::VERSION
                 ),
             ));
         }
@@ -316,7 +335,7 @@ pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
 /// The version of the current format.
 const CURRENT_VERSION: &str = "1.0.0";
 
-/// What a file gives.
+/// What a file of either version gives.
 struct Parsed {
     hook: Hook,
     when: When,
@@ -353,6 +372,7 @@ fn parse_current(top: &Fields<'_>) -> Result<Parsed, LoadError> {
         annotations: Vec::new(),
         commands: Vec::new(),
         has_bind_mounts: None,
+        any: false,
     };
     if let Some(w) = top.object("when", "when.")? {
         when.always = w.bool("always")?;
