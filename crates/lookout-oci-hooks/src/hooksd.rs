@@ -1,5 +1,9 @@
-//! hooks.d directories in the oci-hooks(5) 1.0.0 format used by CRI-O and
-//! podman, with the same matching rules as containers/common.
+//! hooks.d directories in the oci-hooks(5) formats used by CRI-O and
+//! podman (1.0.0, and the legacy 0.1.0 in [`legacy`]), with the same
+//! matching rules as containers/common.
+
+mod fields;
+mod legacy;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -8,7 +12,9 @@ use std::time::SystemTime;
 use lookout_model::Chain;
 use oci_spec::runtime::Hook;
 use regex::Regex;
-use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use fields::Fields;
 
 /// A lifecycle stage a hook asks for. Non-exhaustive: the runtime spec
 /// has added stages before.
@@ -55,32 +61,17 @@ impl Stage {
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct HookFile {
-    version: String,
-    hook: Hook,
-    #[serde(default)]
-    when: WhenFile,
-    #[serde(default)]
-    stages: Vec<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct WhenFile {
-    always: Option<bool>,
-    annotations: Option<BTreeMap<String, String>>,
-    commands: Option<Vec<String>>,
-    #[serde(rename = "hasBindMounts")]
-    has_bind_mounts: Option<bool>,
-}
-
-/// The `when` block, regexes compiled.
+/// The `when` block, regexes compiled (of a 0.1.0 file: its conditions,
+/// translated).
 #[derive(Debug, Clone)]
 pub struct When {
     always: Option<bool>,
     annotations: Vec<(Regex, Regex)>,
     commands: Vec<Regex>,
     has_bind_mounts: Option<bool>,
+    /// Any one condition that holds is enough: a 0.1.0 file's rule
+    /// (containers/common's `When.Or`); 1.0.0 files need all of them.
+    any: bool,
 }
 
 /// What a `when` block is matched against.
@@ -95,35 +86,38 @@ pub struct Target<'a> {
 }
 
 impl When {
-    /// The oci-hooks(5) 1.0.0 rules, as containers/common implements them:
-    /// every condition that is set must match; regexes are unanchored
-    /// (write `^...$` yourself); `always: false` or `hasBindMounts: false`
-    /// never match; when `commands` is set and the config has a process, the
-    /// command match decides (after the other conditions passed); a `when`
+    /// The oci-hooks(5) rules, as containers/common implements them.
+    ///
+    /// 1.0.0: every condition that is set must match; regexes are
+    /// unanchored (write `^...$` yourself); `always: false` or
+    /// `hasBindMounts: false` never match; when `commands` is set and the
+    /// config has a process, the command match decides (after the other
+    /// conditions passed); a `when` with no condition never matches.
+    ///
+    /// 0.1.0: one condition that matches is enough (`hasbindmounts: false`
+    /// and an annotation that matches nothing rule nothing out); failing
+    /// those, `cmds` decide when set and the config has a process; a file
     /// with no condition never matches.
     pub fn matches(&self, t: &Target<'_>) -> bool {
+        // Lazily, in containers/common's order: `always`, `hasBindMounts`,
+        // each annotation pair; then the commands.
+        let conditions = self
+            .always
+            .into_iter()
+            .chain(self.has_bind_mounts.map(|want| want && t.has_bind_mounts))
+            .chain(self.annotations.iter().map(|(key, value)| {
+                t.annotations
+                    .iter()
+                    .any(|(k, v)| key.is_match(k) && value.is_match(v))
+            }));
         let mut matched = 0;
-        if let Some(always) = self.always {
-            if !always {
-                return false;
+        for hit in conditions {
+            match (hit, self.any) {
+                (true, true) => return true,
+                (false, false) => return false,
+                (true, false) => matched += 1,
+                (false, true) => {}
             }
-            matched += 1;
-        }
-        if let Some(want) = self.has_bind_mounts {
-            if !(want && t.has_bind_mounts) {
-                return false;
-            }
-            matched += 1;
-        }
-        for (key, value) in &self.annotations {
-            let hit = t
-                .annotations
-                .iter()
-                .any(|(k, v)| key.is_match(k) && value.is_match(v));
-            if !hit {
-                return false;
-            }
-            matched += 1;
         }
         if let Some(args) = t.args
             && !self.commands.is_empty()
@@ -169,7 +163,8 @@ pub enum LoadError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not JSON of the oci-hooks(5) shape.
+    /// The file is not JSON, or not a JSON object (a field of the wrong type
+    /// is a [`LoadError::Field`]).
     #[error("{}: invalid JSON", path.display())]
     Json {
         /// The file.
@@ -177,13 +172,15 @@ pub enum LoadError {
         /// serde's complaint (with line and column).
         source: serde_json::Error,
     },
-    /// A regex of the `when` block does not compile.
+    /// A regex does not compile.
     #[error("{}: {field}: invalid regex {regex:?}", path.display())]
     Regex {
         /// The file.
         path: PathBuf,
-        /// `when.annotations` or `when.commands`.
-        field: &'static str,
+        /// Where the regex is: `when.annotations` (a key),
+        /// `when.annotations["key"]` (its value), `when.commands[2]`; in a
+        /// 0.1.0 file `cmds[0]`, `annotations[1]`.
+        field: String,
         /// The pattern.
         regex: String,
         /// The regex crate's complaint.
@@ -199,9 +196,22 @@ pub enum LoadError {
         /// Why it is not there.
         source: std::io::Error,
     },
-    /// The file breaks a rule of the format: not a regular file, too big,
-    /// another version, a relative `hook.path`, no or unknown stages, a
-    /// `when` without a condition...
+    /// A field breaks a rule of the format: a version lookout does not
+    /// read, a missing field, a value of the wrong JSON type, a relative
+    /// `hook.path`, no or an unknown stage, a `when` without a condition,
+    /// two synonyms of a 0.1.0 file both set...
+    #[error("{}: {field}: {reason}", path.display())]
+    Field {
+        /// The file.
+        path: PathBuf,
+        /// The field, as a path into the file: `version`, `hook.path`,
+        /// `stages[1]`, `when`; in a 0.1.0 file `hook`, `arguments[0]`,
+        /// `stage`.
+        field: String,
+        /// The rule it breaks (one line; strings from the file are quoted).
+        reason: String,
+    },
+    /// The file as a whole breaks a rule: not a regular file, too big.
     #[error("{}: {reason}", path.display())]
     Invalid {
         /// The file.
@@ -219,6 +229,7 @@ impl LoadError {
             | LoadError::Json { path, .. }
             | LoadError::Regex { path, .. }
             | LoadError::HookPath { path, .. }
+            | LoadError::Field { path, .. }
             | LoadError::Invalid { path, .. } => path,
         }
     }
@@ -280,89 +291,115 @@ pub fn load_file_under(hook_root: &Path, path: &Path) -> Result<HookConfig, Load
     Ok(c)
 }
 
-/// Parses the bytes of hook file `path` (oci-hooks(5) version 1.0.0):
-/// everything [`load_file`] checks but the file system.
+/// Parses the bytes of hook file `path`: everything [`load_file`] checks
+/// but the file system.
+///
+/// The version is told as containers/common tells it: `"version": "1.0.0"`
+/// is the 1.0.0 format; `"0.1.0"`, `""`, `null` or no `version` at all is
+/// the legacy 0.1.0 format (translated to the same [`HookConfig`], with its
+/// any-of [`When`]); any other version is refused. Every refusal names the
+/// file and the field.
 pub fn parse_file(text: &[u8], path: &Path) -> Result<HookConfig, LoadError> {
-    let invalid = |reason: String| LoadError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let f: HookFile = serde_json::from_slice(text).map_err(|source| LoadError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if f.version != "1.0.0" {
-        return Err(invalid(format!(
-            "version {:?}: only the oci-hooks(5) 1.0.0 format is supported",
-            f.version
-        )));
-    }
-    let p = f.hook.path();
-    if !p.is_absolute() {
-        return Err(invalid(format!(
-            "hook.path {} is not absolute",
-            p.display()
-        )));
-    }
-    if let Some(t) = f.hook.timeout()
-        && t <= 0
-    {
-        return Err(invalid(format!(
-            "hook.timeout {t} must be greater than zero"
-        )));
-    }
-    if f.stages.is_empty() {
-        return Err(invalid("stages is empty".into()));
-    }
-    let mut stages = Vec::new();
-    for s in &f.stages {
-        match Stage::parse(s) {
-            Some(st) => stages.push(st),
-            None => return Err(invalid(format!("unknown stage {s:?}"))),
-        }
-    }
-    let compile = |field: &'static str, re: &str| {
-        Regex::new(re).map_err(|source| LoadError::Regex {
+    let object: Map<String, Value> =
+        serde_json::from_slice(text).map_err(|source| LoadError::Json {
             path: path.to_path_buf(),
-            field,
-            regex: re.to_owned(),
             source,
-        })
+        })?;
+    let top = Fields::top(path, &object);
+    let Parsed { hook, when, stages } = match top.string("version")? {
+        Some(CURRENT_VERSION) => parse_current(&top)?,
+        None | Some("" | legacy::VERSION) => legacy::parse(&top)?,
+        Some(other) => {
+            return Err(top.refuse(
+                "version",
+                format!(
+                    "{other:?} is not an oci-hooks(5) version lookout reads \
+                     ({CURRENT_VERSION}, or {} or none for the legacy format)",
+                    legacy::VERSION
+                ),
+            ));
+        }
     };
-    let mut annotations = Vec::new();
-    for (k, v) in f.when.annotations.iter().flatten() {
-        annotations.push((
-            compile("when.annotations", k)?,
-            compile("when.annotations", v)?,
-        ));
-    }
-    let mut commands = Vec::new();
-    for c in f.when.commands.iter().flatten() {
-        commands.push(compile("when.commands", c)?);
-    }
-    let when = When {
-        always: f.when.always,
-        annotations,
-        commands,
-        has_bind_mounts: f.when.has_bind_mounts,
-    };
-    if when.always.is_none()
-        && when.has_bind_mounts.is_none()
-        && when.annotations.is_empty()
-        && when.commands.is_empty()
-    {
-        return Err(invalid("when has no condition (set at least one of always, annotations, commands, hasBindMounts)".into()));
-    }
     Ok(HookConfig {
         name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         source: path.to_path_buf(),
-        hook: f.hook,
+        hook,
         when,
         stages,
     })
+}
+
+/// The version of the current format.
+const CURRENT_VERSION: &str = "1.0.0";
+
+/// What a file of either version gives.
+struct Parsed {
+    hook: Hook,
+    when: When,
+    stages: Vec<Stage>,
+}
+
+/// Reads a 1.0.0 file.
+fn parse_current(top: &Fields<'_>) -> Result<Parsed, LoadError> {
+    let Some(h) = top.object("hook", "hook.")? else {
+        return Err(top.refuse("hook", "missing".into()));
+    };
+    let Some(program) = h.string("path")? else {
+        return Err(h.refuse("path", "missing".into()));
+    };
+    let mut hook = Hook::default();
+    hook.set_path(h.absolute_path("path", program)?);
+    let owned = |v: Vec<&str>| v.into_iter().map(str::to_owned).collect();
+    hook.set_args(h.strings("args")?.map(owned));
+    hook.set_env(h.strings("env")?.map(owned));
+    if let Some(t) = h.int("timeout")? {
+        if t <= 0 {
+            return Err(h.refuse("timeout", format!("{t} is not greater than zero")));
+        }
+        hook.set_timeout(Some(t));
+    }
+
+    let Some(names) = top.strings("stages")? else {
+        return Err(top.refuse("stages", "missing".into()));
+    };
+    let stages = top.stages("stages", &names)?;
+
+    let mut when = When {
+        always: None,
+        annotations: Vec::new(),
+        commands: Vec::new(),
+        has_bind_mounts: None,
+        any: false,
+    };
+    if let Some(w) = top.object("when", "when.")? {
+        when.always = w.bool("always")?;
+        for (k, v) in w.string_map("annotations")?.into_iter().flatten() {
+            when.annotations.push((
+                w.regex(w.name("annotations"), k)?,
+                w.regex(format!("{}[{k:?}]", w.name("annotations")), v)?,
+            ));
+        }
+        for (i, c) in w.strings("commands")?.into_iter().flatten().enumerate() {
+            when.commands
+                .push(w.regex(format!("{}[{i}]", w.name("commands")), c)?);
+        }
+        when.has_bind_mounts = w.bool("hasBindMounts")?;
+    }
+    if when.always.is_none()
+        && when.has_bind_mounts.is_none()
+        && when.annotations.is_empty()
+        && when.commands.is_empty()
+    {
+        return Err(top.refuse(
+            "when",
+            "no condition (set at least one of always, annotations, commands, hasBindMounts)"
+                .into(),
+        ));
+    }
+    Ok(Parsed { hook, when, stages })
 }
 
 /// Loads `dirs` in order: a file in a later directory replaces the file of
@@ -600,8 +637,8 @@ mod tests {
         );
         w(
             a.path(),
-            "80-old.json",
-            r#"{"version":"0.1.0","hook":"/bin/true","stage":["prestart"]}"#,
+            "80-version.json",
+            r#"{"version":"2.0.0","hook":{"path":"/bin/true"},"when":{"always":true},"stages":["prestart"]}"#,
         );
         w(
             a.path(),
@@ -641,16 +678,146 @@ mod tests {
         );
         assert!(
             bad[2].starts_with(
-                "60-regex.json: when.commands: invalid regex \"(\": regex parse error"
+                "60-regex.json: when.commands[0]: invalid regex \"(\": regex parse error"
             ),
             "{bad:?}"
         );
-        assert_eq!(bad[3], "70-stage.json: unknown stage \"postmortem\"");
-        assert!(bad[4].starts_with("80-old.json: invalid JSON: "), "{bad:?}");
+        assert_eq!(
+            bad[3],
+            "70-stage.json: stages[0]: unknown stage \"postmortem\""
+        );
         assert!(
-            bad[5].starts_with("90-nowhen.json: when has no condition"),
+            bad[4].starts_with("80-version.json: version: \"2.0.0\" is not"),
             "{bad:?}"
         );
+        assert!(
+            bad[5].starts_with("90-nowhen.json: when: no condition"),
+            "{bad:?}"
+        );
+    }
+
+    /// `parse_file`'s refusal of `json`, without the file's name (checked).
+    fn refusal(json: &str) -> String {
+        let path = Path::new("/etc/containers/oci/hooks.d/x.json");
+        let e = parse_file(json.as_bytes(), path).expect_err(json);
+        assert_eq!(e.path(), path);
+        let message = e.to_string();
+        assert!(!message.contains('\n'), "one line: {message:?}");
+        message
+            .strip_prefix("/etc/containers/oci/hooks.d/x.json: ")
+            .unwrap_or_else(|| panic!("names the file: {message:?}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn refusals_of_a_1_0_0_file_name_the_field() {
+        let file = |hook: &str, when: &str, stages: &str| {
+            format!(r#"{{"version":"1.0.0","hook":{hook},"when":{when},"stages":{stages}}}"#)
+        };
+        let ok_hook = r#"{"path":"/bin/true"}"#;
+        let ok_when = r#"{"always":true}"#;
+        let ok_stages = r#"["prestart"]"#;
+        let cases = [
+            (
+                r#"{"version":1}"#.to_owned(),
+                "version: expected a string, found a number",
+            ),
+            (
+                r#"{"version":"1.0.0","when":{"always":true},"stages":["prestart"]}"#.to_owned(),
+                "hook: missing",
+            ),
+            (
+                file(r#""/bin/true""#, ok_when, ok_stages),
+                "hook: expected an object, found a string",
+            ),
+            (file("{}", ok_when, ok_stages), "hook.path: missing"),
+            (
+                file(r#"{"path":"bin/true"}"#, ok_when, ok_stages),
+                r#"hook.path: "bin/true" is not absolute"#,
+            ),
+            (
+                file(
+                    r#"{"path":"/bin/true","args":["true",1]}"#,
+                    ok_when,
+                    ok_stages,
+                ),
+                "hook.args[1]: expected a string, found a number",
+            ),
+            (
+                file(r#"{"path":"/bin/true","env":"A=1"}"#, ok_when, ok_stages),
+                "hook.env: expected an array of strings, found a string",
+            ),
+            (
+                file(r#"{"path":"/bin/true","timeout":0}"#, ok_when, ok_stages),
+                "hook.timeout: 0 is not greater than zero",
+            ),
+            (
+                file(r#"{"path":"/bin/true","timeout":1.5}"#, ok_when, ok_stages),
+                "hook.timeout: 1.5 is not a 64-bit integer",
+            ),
+            (
+                file(ok_hook, r#"{"always":"yes"}"#, ok_stages),
+                "when.always: expected true or false, found a string",
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"a":1}}"#, ok_stages),
+                r#"when.annotations["a"]: expected a string, found a number"#,
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"a":"("}}"#, ok_stages),
+                r#"when.annotations["a"]: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"annotations":{"(":"a"}}"#, ok_stages),
+                r#"when.annotations: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"commands":["a","b","("]}"#, ok_stages),
+                r#"when.commands[2]: invalid regex "(""#,
+            ),
+            (
+                file(ok_hook, r#"{"commands":[]}"#, ok_stages),
+                "when: no condition (set at least one of always, annotations, commands, hasBindMounts)",
+            ),
+            (
+                r#"{"version":"1.0.0","hook":{"path":"/bin/true"},"when":{"always":true}}"#
+                    .to_owned(),
+                "stages: missing",
+            ),
+            (
+                file(ok_hook, ok_when, "[]"),
+                "stages: empty (the hook would never run)",
+            ),
+            (
+                file(ok_hook, ok_when, r#"["prestart",7]"#),
+                "stages[1]: expected a string, found a number",
+            ),
+            (
+                file(ok_hook, ok_when, r#"["prestart","postmortem"]"#),
+                r#"stages[1]: unknown stage "postmortem""#,
+            ),
+        ];
+        for (json, want) in cases {
+            assert_eq!(refusal(&json), want, "{json}");
+        }
+        // A well-formed file: args, env and timeout kept.
+        let h = parse_file(
+            file(
+                r#"{"path":"/bin/true","args":["true","-x"],"env":["A=1"],"timeout":3}"#,
+                ok_when,
+                r#"["poststop","prestart"]"#,
+            )
+            .as_bytes(),
+            Path::new("/x.json"),
+        )
+        .expect("valid");
+        assert_eq!(
+            h.hook.args().as_deref(),
+            Some(&["true".to_owned(), "-x".to_owned()][..])
+        );
+        assert_eq!(h.hook.env().as_deref(), Some(&["A=1".to_owned()][..]));
+        assert_eq!(h.hook.timeout(), Some(3));
+        assert_eq!(h.stages, [Stage::Poststop, Stage::Prestart]);
     }
 
     #[test]
