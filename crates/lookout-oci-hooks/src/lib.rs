@@ -11,10 +11,12 @@
 //!   stdin, `args`/`env` as given, a working directory, its own process
 //!   group killed and reaped at the timeout, stdout/stderr captured up to a
 //!   limit, exit status and duration in the [`Outcome`].
-//! - [`HooksDirs`] loads hooks.d directories in the oci-hooks(5) 1.0.0 JSON
-//!   format of CRI-O and podman, with the same matching rules
-//!   ([`When::matches`]), and reloads them when they change. Invalid files
-//!   are reported by name and skipped.
+//! - [`HooksDirs`] loads hooks.d directories in the oci-hooks(5) JSON
+//!   formats of CRI-O and podman (1.0.0, and the legacy 0.1.0), with the
+//!   same matching rules ([`When::matches`]), and reloads them when they
+//!   change. Invalid files are reported by name and field, and skipped.
+//! - [`RunOptions::container`] runs a hook in a container's namespaces
+//!   (the `createContainer` and `startContainer` stages).
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), lookout_oci_hooks::Error> {
