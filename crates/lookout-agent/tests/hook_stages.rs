@@ -148,6 +148,19 @@ fn every_stage_runs_at_its_point_in_its_namespaces_with_runcs_state() {
     ] {
         rec.hook_file(&hooks, name, stage, stage, TEST);
     }
+    // A legacy oci-hooks(5) 0.1.0 file: `hook` a string, `arguments`
+    // after it, annotations matched by value.
+    std::fs::write(
+        hooks.join("70-legacy.json"),
+        json!({
+            "hook": rec.program(),
+            "arguments": ["legacy"],
+            "annotations": [format!("^{TEST}$")],
+            "stage": ["prestart"],
+        })
+        .to_string(),
+    )
+    .expect("write the 0.1.0 file");
     let agent = Agent::start(&rt, &["--hooks-dir", hooks.to_str().expect("utf-8")]);
     let id = id("stages");
     let b = bundle::busybox(&d.join("b"), &["sleep", "30"], |c| {
@@ -232,8 +245,17 @@ fn every_stage_runs_at_its_point_in_its_namespaces_with_runcs_state() {
         exe.ends_with("/bin/busybox") && !exe.contains("runc"),
         "{show}"
     );
-    // In the runtime spec's order.
     let t = |m: &BTreeMap<String, String>| m["t"].parse::<u64>().expect("stamp");
+    // The 0.1.0 file ran with the prestart hooks (after 20-createRuntime:
+    // one list, by file name).
+    let legacy = r("legacy");
+    assert_eq!(legacy["mnt"], host_mnt, "{show}");
+    assert_eq!(legacy["status"], "creating", "{show}");
+    assert!(
+        t(&crt) < t(&legacy) && t(&legacy) < t(&cc),
+        "{legacy:?}\n{show}"
+    );
+    // In the runtime spec's order.
     let order = [&pre, &crt, &cc, &sc, &poststart, &poststop].map(t);
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}\n{show}");
     let (status, log) = agent.stop();
