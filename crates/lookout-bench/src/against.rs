@@ -33,6 +33,9 @@ pub fn run_against(
 ) -> anyhow::Result<()> {
     crate::prepare(opts)?;
     let _pins = crate::agent::PinFsGuard;
+    if opts.only.as_deref() == Some("hooks") {
+        return hooks_against(opts, paths, theirs, here, rev, sha);
+    }
     let discovery_only = discovery_only(opts)?;
     say(
         "bench",
@@ -97,9 +100,10 @@ pub(crate) fn discovery_only(opts: &Options) -> anyhow::Result<bool> {
     match opts.only.as_deref() {
         None | Some("agent") => Ok(false),
         Some("discovery") => Ok(true),
+        Some("hooks") => Ok(false),
         Some(only) => bail!(
-            "--against compares the `agent` part (consumers included) or the discovery rows \
-             alone (--only discovery); not --only {only}"
+            "--against compares the `agent` part (consumers included), the discovery rows \
+             alone (--only discovery) or the hooks part (--only hooks); not --only {only}"
         ),
     }
 }
@@ -512,6 +516,51 @@ fn print_comparison(rows: &Value, against: &str) {
             }
         );
     }
+}
+
+/// `--against REV --only hooks`: `runc start` through this tree's agent and
+/// REV's, each with no hook and with one `prestart` hook, interleaved.
+fn hooks_against(
+    opts: &Options,
+    paths: &Paths,
+    theirs: &Path,
+    here: &str,
+    rev: &str,
+    sha: &str,
+) -> anyhow::Result<()> {
+    fresh_dir(&paths.work)?;
+    let one = ["prestart"];
+    let configs = [
+        crate::hooks::Config {
+            label: format!("this, none ({here})"),
+            lookout: &paths.lookout,
+            hooks: &[],
+        },
+        crate::hooks::Config {
+            label: format!("{rev}, none"),
+            lookout: theirs,
+            hooks: &[],
+        },
+        crate::hooks::Config {
+            label: format!("this, prestart ({here})"),
+            lookout: &paths.lookout,
+            hooks: &one,
+        },
+        crate::hooks::Config {
+            label: format!("{rev}, prestart"),
+            lookout: theirs,
+            hooks: &one,
+        },
+    ];
+    let v = crate::hooks::measure(&paths.work, &configs, opts.gate_rounds)?;
+    std::fs::create_dir_all(&paths.out_dir)?;
+    let path = paths.out_dir.join("report.json");
+    let report = json!({ "hooks_start_us": v, "this_rev": here, "against_rev": sha });
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    crate::hooks::print(&report["hooks_start_us"]);
+    println!("report: {}", path.display());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ mod discovery;
 mod events;
 mod exec;
 mod floor;
+mod hooks;
 mod host;
 mod inode;
 mod nri;

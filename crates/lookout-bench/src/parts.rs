@@ -1,5 +1,5 @@
 //! The parts of the benchmark `--only` selects ([`PARTS`]; a full run is
-//! `agent`, `pinned-maps`, then `inode-map`), and the `agent` part's measurements, run
+//! `agent`, `hooks`, `pinned-maps`, then `inode-map`), and the `agent` part's measurements, run
 //! for one agent or several side by side ([`agent_runs`]).
 
 use std::path::Path;
@@ -101,6 +101,19 @@ pub(crate) const PARTS: &[Part] = &[
         needs: AGENT_AND_FLOORS,
         run: consumers_part,
         print: |report| consumers::print(&report["consumers"]),
+    },
+    Part {
+        name: "hooks",
+        about: "`runc start` with no hook, one prestart hook and a hook at every stage (issue #57)",
+        in_full_run: true,
+        needs: AGENT_AND_FLOORS,
+        run: |opts, paths| {
+            fresh_dir(&paths.work)?;
+            let configs = crate::hooks::configs(&paths.lookout);
+            let v = crate::hooks::measure(&paths.work, &configs, opts.gate_rounds)?;
+            Ok(entries([("hooks_start_us", v)]))
+        },
+        print: |report| crate::hooks::print(&report["hooks_start_us"]),
     },
     Part {
         name: "nri",

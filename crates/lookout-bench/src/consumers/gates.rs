@@ -62,7 +62,7 @@ impl GateFloor {
 }
 
 /// What a gate round does with an agent or a floor.
-pub(super) trait Gated {
+pub(crate) trait Gated {
     /// Runs its copy of runc with `args`; whether it succeeded.
     fn run(&self, args: &[&str]) -> bool;
     /// Waits until it reported container `id`.
@@ -249,7 +249,7 @@ pub(super) fn gates(
 /// then as many back to back (`start` right after `create`). Each target
 /// in a new random order every time. Microseconds, per target.
 #[allow(clippy::type_complexity)]
-fn gate_rounds(
+pub(crate) fn gate_rounds(
     targets: &[&dyn Gated],
     labels: &[String],
     bs: &str,

@@ -15,7 +15,7 @@
 //! a release build: the `bench_consumers` binary ([`run_release`]).
 
 mod floors;
-mod gates;
+pub(crate) mod gates;
 mod print;
 mod watchers;
 
@@ -61,7 +61,7 @@ pub(super) fn runc_copy(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A private copy of runc and the agent that watches only it.
-pub(super) struct Watched {
+pub(crate) struct Watched {
     pub(super) runc: PathBuf,
     pub(super) socket: PathBuf,
     /// `host:port` of its /metrics.
@@ -72,6 +72,15 @@ pub(super) struct Watched {
 impl Watched {
     /// Copies runc into `dir` and starts an agent on it.
     fn start(lookout: &Path, dir: &Path) -> anyhow::Result<Watched> {
+        Watched::start_with(lookout, dir, &[])
+    }
+
+    /// [`Watched::start`], the agent given `extra` arguments too.
+    pub(crate) fn start_with(
+        lookout: &Path,
+        dir: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Watched> {
         // Named like the original: the agent tells runtimes apart by name.
         let runc = runc_copy(dir, "runc")?;
         let socket = dir.join("lookout.sock");
@@ -86,7 +95,10 @@ impl Watched {
                 socket.to_str().context("utf-8 path")?,
                 "--listen",
                 "127.0.0.1:0",
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
         )?;
         // The port is the kernel's choice: read it from the log.
         let deadline = Instant::now() + Duration::from_secs(10);
