@@ -18,12 +18,16 @@
 //!   step and its fix.
 //! - [`cri::CriNode`]: a real CRI node (containerd 1.7 with NRI, on private
 //!   sockets) and a kubelet-like CRI client.
+//! - [`podman::Podman`]: a private podman (4.3.1 with runc 1.1.5), the
+//!   reference for hooks.d directories, and [`podman::Recorder`], a hook
+//!   that records each stage's namespace, State and time.
 #![deny(missing_docs)]
 
 pub mod apiserver;
 pub mod cmd;
 pub mod cri;
 pub mod perf;
+pub mod podman;
 
 use std::io;
 use std::os::unix::process::CommandExt;
