@@ -246,13 +246,13 @@ fn every_stage_runs_at_its_point_in_its_namespaces_with_runcs_state() {
         "{show}"
     );
     let t = |m: &BTreeMap<String, String>| m["t"].parse::<u64>().expect("stamp");
-    // The 0.1.0 file ran with the prestart hooks (after 20-createRuntime:
-    // one list, by file name).
+    // The 0.1.0 file ran with the prestart hooks: after 10-prestart, before
+    // every createRuntime hook (runc runs all of one stage, then the next).
     let legacy = r("legacy");
     assert_eq!(legacy["mnt"], host_mnt, "{show}");
     assert_eq!(legacy["status"], "creating", "{show}");
     assert!(
-        t(&crt) < t(&legacy) && t(&legacy) < t(&cc),
+        t(&pre) < t(&legacy) && t(&legacy) < t(&crt),
         "{legacy:?}\n{show}"
     );
     // In the runtime spec's order.

@@ -13,6 +13,9 @@ pub const PACKAGES: &[&str] = &[
     "crun",
     "containerd",
     "conmon",
+    // The reference for OCI hooks (tests/conformance.rs): podman runs a
+    // hooks.d directory itself, through runc.
+    "podman",
     "busybox-static",
     "util-linux",
     // useradd, for the tests that play an unprivileged attacker.

@@ -5,8 +5,8 @@
 //! ([`stages`]):
 //!
 //! - on `added` of a container whose start lookout holds (the runtime
-//!   hook or NRI reported it still `created`): `prestart`/`createRuntime`
-//!   in the host's namespaces, then `createContainer` and `startContainer`
+//!   hook or NRI reported it still `created`): `prestart`, then
+//!   `createRuntime`, in the host's namespaces, then `createContainer` and `startContainer`
 //!   in the container's, one after the other. The start waits for them
 //!   (the [`Barrier`], within `--hook-timeout`); a failure or a timeout
 //!   refuses it (`--hook-failure stop`, the default), and the container's
@@ -468,7 +468,7 @@ impl Dispatcher {
     ) -> Vec<Named> {
         let c = &e.container;
         let mut hooks: Vec<Named> = match group {
-            Group::CreateRuntime => self.prestart.clone(),
+            Group::Prestart => self.prestart.clone(),
             Group::Poststop => self.poststop.clone(),
             _ => Vec::new(),
         };

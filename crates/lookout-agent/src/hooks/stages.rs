@@ -9,9 +9,11 @@ use lookout_oci_hooks::{InContainer, PathIn, Stage};
 /// A group of hooks run together, in the runtime spec's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Group {
-    /// `prestart` and `createRuntime` (containers/common injects a hooks.d
-    /// `prestart` as `createRuntime`: one list, in file order), with
-    /// `--prestart`: the host's namespaces.
+    /// `prestart` (deprecated in the runtime spec), with `--prestart`: the
+    /// host's namespaces. podman hands hooks.d `prestart` hooks to runc as
+    /// such, and runc runs every one of them before `createRuntime`.
+    Prestart,
+    /// `createRuntime`: the host's namespaces.
     CreateRuntime,
     /// `createContainer`: in the container's namespaces, the program
     /// opened from the host.
@@ -26,7 +28,8 @@ pub(crate) enum Group {
 }
 
 /// The groups that run before a container's start, in order.
-pub(crate) const BEFORE_START: [Group; 3] = [
+pub(crate) const BEFORE_START: [Group; 4] = [
+    Group::Prestart,
     Group::CreateRuntime,
     Group::CreateContainer,
     Group::StartContainer,
@@ -36,6 +39,7 @@ impl Group {
     /// Its name in logs, claims and metrics.
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Group::Prestart => "prestart",
             Group::CreateRuntime => "createRuntime",
             Group::CreateContainer => "createContainer",
             Group::StartContainer => "startContainer",
@@ -47,7 +51,8 @@ impl Group {
     /// Whether a hooks.d file's `stage` belongs to this group.
     pub(crate) fn has(self, stage: &Stage) -> bool {
         match self {
-            Group::CreateRuntime => matches!(stage, Stage::Prestart | Stage::CreateRuntime),
+            Group::Prestart => *stage == Stage::Prestart,
+            Group::CreateRuntime => *stage == Stage::CreateRuntime,
             Group::CreateContainer => *stage == Stage::CreateContainer,
             Group::StartContainer => *stage == Stage::StartContainer,
             Group::Poststart => *stage == Stage::Poststart,
@@ -88,7 +93,7 @@ impl Group {
                 (ContainerState::Running, inner())
             }
             (_, true) | (Group::Poststart, false) => (ContainerState::Running, c.pid),
-            (Group::CreateRuntime, false) => (ContainerState::Creating, c.pid),
+            (Group::Prestart | Group::CreateRuntime, false) => (ContainerState::Creating, c.pid),
             (Group::CreateContainer, false) => (ContainerState::Creating, inner()),
             (Group::StartContainer, false) => (ContainerState::Created, inner()),
         }
@@ -133,6 +138,10 @@ mod tests {
         c.pid = Some(me);
         let s = |g: Group, late| g.state(&c, late);
         assert_eq!(
+            s(Group::Prestart, false),
+            (ContainerState::Creating, Some(me))
+        );
+        assert_eq!(
             s(Group::CreateRuntime, false),
             (ContainerState::Creating, Some(me))
         );
@@ -157,8 +166,10 @@ mod tests {
     }
 
     #[test]
-    fn prestart_runs_with_create_runtime_and_only_stages_before_the_start_stop_it() {
-        assert!(Group::CreateRuntime.has(&Stage::Prestart));
+    fn prestart_runs_before_create_runtime_and_only_stages_before_the_start_stop_it() {
+        assert!(Group::Prestart.has(&Stage::Prestart));
+        assert!(!Group::Prestart.has(&Stage::CreateRuntime));
+        assert!(!Group::CreateRuntime.has(&Stage::Prestart));
         assert!(Group::CreateRuntime.has(&Stage::CreateRuntime));
         assert!(!Group::CreateRuntime.has(&Stage::CreateContainer));
         assert!(Group::StartContainer.has(&Stage::StartContainer));
