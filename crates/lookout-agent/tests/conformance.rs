@@ -73,7 +73,10 @@ fn hooks_dir(rec: &Recorder, dir: &Path, test: &str) {
         "poststop",
     ];
     for (i, stage) in stages.iter().enumerate() {
-        let hook = rec.hook(stage, &[stage], always.clone(), Action::Ok, None);
+        let mut hook = rec.hook(stage, &[stage], always.clone(), Action::Ok, None);
+        if *stage == "createContainer" {
+            static_hook(rec, &mut hook);
+        }
         write_hook(dir, &format!("0{}-{stage}.json", i + 1), &hook).expect("hook");
     }
     let when = [
@@ -117,14 +120,38 @@ fn hooks_dir(rec: &Recorder, dir: &Path, test: &str) {
         "stage": ["prestart"],
     });
     write_hook(dir, "30-legacy.json", &legacy).expect("hook");
-    let fail = rec.hook(
+    let mut fail = rec.hook(
         "fail",
         &["createContainer"],
         mine(json!({"annotations": {"^fail$": "^createContainer$"}})),
         Action::Fail,
         None,
     );
+    static_hook(rec, &mut fail);
     write_hook(dir, "40-fail.json", &fail).expect("hook");
+}
+
+/// `hook` (the recorder script) through a static shim: lookout runs a
+/// `createContainer` hook only if it is a static program (it runs as root
+/// in the container, where a script's shell would be the container's).
+/// The shim runs the script with the recorder's busybox, at the same path
+/// in the host and the container, under podman too.
+fn static_hook(rec: &Recorder, hook: &mut serde_json::Value) {
+    let shim = rec.dir().join("shim");
+    if !shim.exists() {
+        let built = bundle::static_shim(rec.dir().parent().expect("a parent"));
+        lookout_testsupport::install_executable(&built, &shim).expect("install the shim");
+    }
+    let mut args = vec![
+        json!("shim"),
+        json!(rec.dir().join("busybox")),
+        json!(rec.script()),
+    ];
+    if let Some(rest) = hook["hook"]["args"].as_array() {
+        args.extend(rest.iter().skip(1).cloned());
+    }
+    hook["hook"]["path"] = json!(shim);
+    hook["hook"]["args"] = json!(args);
 }
 
 /// Where a record ran, as `host` or `container`, and its State's status

@@ -41,6 +41,9 @@ out={dir}/$1.$id
   echo "status=$(field status)"
   echo "pid=$pid"
   [ -n "$pid" ] && echo "exe=$($b readlink /proc/$pid/exe)"
+  echo "cap=$($b grep CapEff /proc/self/status | $b cut -f2)"
+  echo "nnp=$($b grep NoNewPrivs /proc/self/status | $b cut -f2)"
+  echo "uid=$($b id -u)"
 }} > $out.tmp
 {dir}/stamp $out.t
 $b mv $out.tmp $out
@@ -52,6 +55,13 @@ exit 0
         let path = dir.join("rec.sh");
         std::fs::write(&path, script).expect("write rec.sh");
         lookout_testsupport::install_executable(&path, &dir.join("record")).expect("record");
+        // createContainer runs a static program only: a shim that runs the
+        // script with a busybox at the same path in the host and in the
+        // container.
+        let shim = bundle::static_shim(parent);
+        lookout_testsupport::install_executable(&shim, &dir.join("shim")).expect("shim");
+        let busybox = lookout_testsupport::find_program("busybox").expect("busybox");
+        lookout_testsupport::install_executable(&busybox, &dir.join("busybox")).expect("busybox");
         Recorder { dir }
     }
 
@@ -62,7 +72,18 @@ exit 0
     /// A hooks.d file `name` running the recorder for `stage` (recorded
     /// under `tag`), for containers annotated `lookout-test: <test>`.
     fn hook_file(&self, hooks: &Path, name: &str, stage: &str, tag: &str, test: &str) {
-        let mut args = vec![json!("record"), json!(tag)];
+        let (path, mut args) = if stage == "createContainer" {
+            let d = |f: &str| json!(self.dir.join(f));
+            (
+                self.dir.join("shim"),
+                vec![json!("shim"), d("busybox"), d("rec.sh"), json!(tag)],
+            )
+        } else {
+            (
+                PathBuf::from(self.program()),
+                vec![json!("record"), json!(tag)],
+            )
+        };
         if tag.ends_with("-fail") {
             args.push(json!("fail"));
         }
@@ -70,7 +91,7 @@ exit 0
             hooks.join(name),
             json!({
                 "version": "1.0.0",
-                "hook": {"path": self.program(), "args": args},
+                "hook": {"path": path, "args": args},
                 "when": {"annotations": {"^lookout-test$": format!("^{test}$")}},
                 "stages": [stage],
             })
@@ -238,6 +259,19 @@ fn every_stage_runs_at_its_point_in_its_namespaces_with_runcs_state() {
         ("stopped", ""),
         "{show}"
     );
+    // startContainer runs as the container's process: its uid and
+    // capabilities (runc's defaults, far from root's full set), and
+    // no_new_privs.
+    let status = std::fs::read_to_string(format!("/proc/{init}/status")).expect("init status");
+    let init_cap = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim)
+        .expect("CapEff");
+    assert_eq!(sc["cap"], init_cap, "{show}");
+    assert_eq!(sc["nnp"], "1", "{show}");
+    assert_eq!(sc["uid"], "0", "{show}");
+    assert_ne!(sc["cap"], cc["cap"], "createContainer runs as root: {show}");
     // poststart: the container's process had exec'd its program (runc's
     // init is a copy of runc; the program is the rootfs's busybox).
     let exe = poststart.get("exe").map(String::as_str).unwrap_or_default();

@@ -722,14 +722,16 @@ fn a_failing_create_container_hook_stops_the_container_through_nri() {
         format!("#!/bin/sh\ntouch {}/hook-ran\nexit 3\n", d.display()),
     )
     .expect("script");
-    lookout_testsupport::install_executable(&script, &d.join("fail")).expect("hook");
+    // A createContainer hook must be static: a shim runs the script with
+    // the image's shell.
+    let shim = lookout_testsupport::bundle::static_shim(d);
     let hooks = d.join("hooks.d");
     std::fs::create_dir_all(&hooks).expect("mkdir");
     std::fs::write(
         hooks.join("fail.json"),
         serde_json::json!({
             "version": "1.0.0",
-            "hook": {"path": d.join("fail"), "args": ["fail"]},
+            "hook": {"path": shim, "args": ["shim", "/bin/sh", script]},
             "when": {"annotations": {"^io.kubernetes.cri.container-name$": "^web$"}},
             "stages": ["createContainer"],
         })

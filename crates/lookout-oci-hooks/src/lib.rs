@@ -38,16 +38,18 @@
 //! ```
 #![deny(missing_docs)]
 
+mod container;
 mod hooksd;
 mod run;
 mod state;
 
+pub use container::{InContainer, PathIn};
 pub use hooksd::{
     HookConfig, HooksDirs, LoadError, Loaded, MAX_HOOK_FILE_BYTES, Stage, Target, When, load_dirs,
     load_dirs_under, load_file, load_file_under, parse_file,
 };
 pub use oci_spec;
-pub use run::{InContainer, Outcome, PathIn, RunOptions, run_hook};
+pub use run::{Outcome, RunOptions, run_hook};
 pub use state::{LATE_ANNOTATION, OCI_VERSION, SOURCE_ANNOTATION, state_of};
 
 use std::path::PathBuf;

@@ -12,6 +12,7 @@ use oci_spec::runtime::{Hook, State};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::Error;
+use crate::container::{Creds, InContainer, PathIn};
 
 /// How to run hooks. Start from [`RunOptions::default`] and set fields;
 /// more options may be added.
@@ -47,42 +48,6 @@ pub struct RunOptions {
     /// host's. `cwd` is then ignored: the hook starts in the container's
     /// `/`.
     pub container: Option<InContainer>,
-}
-
-/// A hook run inside a container: in its user (when it has its own),
-/// cgroup, ipc, uts, net, pid and mount namespaces, as a runtime runs a
-/// `createContainer` or `startContainer` hook.
-///
-/// The container has already pivoted into its root (lookout sees it after
-/// `create`), so the hook's interpreter and libraries, if any, come from
-/// the container's file system.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InContainer {
-    /// The container's init process, as this process sees it.
-    pub pid: u32,
-    /// Where the hook's `path` is looked up.
-    pub path_in: PathIn,
-}
-
-impl InContainer {
-    /// In the namespaces of `pid`, `path` looked up as `path_in` says.
-    pub fn new(pid: u32, path_in: PathIn) -> InContainer {
-        InContainer { pid, path_in }
-    }
-}
-
-/// Where a hook run in a container finds its program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PathIn {
-    /// In the host's file system (under [`RunOptions::host_root`]): the
-    /// program is opened before the hook enters the container, and that
-    /// open file is executed (`createContainer`: "the path MUST resolve in
-    /// the runtime namespace").
-    Host,
-    /// In the container's file system (`startContainer`).
-    Container,
 }
 
 impl Default for RunOptions {
@@ -222,6 +187,11 @@ struct ChildSetup {
     cwd: Option<std::ffi::CString>,
     /// Exec this open file instead of the program's path.
     exec: Option<ExecFd>,
+    /// Not dumpable from the fork on (a hook that enters a container:
+    /// nothing there may ptrace it before it execs).
+    undumpable: bool,
+    /// The identity taken after the namespaces.
+    creds: Option<Creds>,
 }
 
 impl ChildSetup {
@@ -235,6 +205,10 @@ impl ChildSetup {
                 Err(std::io::Error::last_os_error())
             }
         };
+        if self.undumpable {
+            // SAFETY: prctl(2) PR_SET_DUMPABLE with an integer.
+            check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })?;
+        }
         for fd in &self.close {
             // SAFETY: close(2) on an integer; a wrong one only fails.
             unsafe { libc::close(*fd) };
@@ -242,6 +216,9 @@ impl ChildSetup {
         for fd in &self.namespaces {
             // SAFETY: setns(2) on a namespace fd the parent keeps open.
             check(unsafe { libc::setns(*fd, 0) })?;
+        }
+        if let Some(c) = &self.creds {
+            c.apply()?;
         }
         if let Some(fd) = self.root {
             // SAFETY: fchdir(2) on a directory fd the parent keeps open,
@@ -327,106 +304,47 @@ impl ExecFd {
     }
 }
 
-/// The most bytes of a hook program copied for [`open_program`].
-const MAX_PROGRAM_BYTES: u64 = 256 << 20;
+/// What the spawning thread keeps open until the child is forked: the
+/// namespaces the child enters, its program's copy, and the pid namespace
+/// the thread enters for its children.
+type SpawnHeld = (
+    Vec<OwnedFd>,
+    Option<std::sync::Arc<OwnedFd>>,
+    Option<OwnedFd>,
+);
 
-/// A hook's program, to be executed from inside a container: a sealed
-/// copy in memory, never the host's file. The hook runs in the
-/// container's pid namespace, where the container's processes see its
-/// `/proc/<pid>/exe`: through the host's file they could write to it (as
-/// runc's CVE-2019-5736); through a sealed memfd there is nothing to
-/// write.
-fn open_program(path: &Path) -> std::io::Result<OwnedFd> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)?;
-    let len = file.metadata()?.len();
-    if len > MAX_PROGRAM_BYTES {
-        return Err(std::io::Error::other(format!(
-            "{len} bytes: a program run in a container is copied, at most {MAX_PROGRAM_BYTES}"
-        )));
-    }
-    let fd = nix::sys::memfd::memfd_create(
-        c"lookout-hook",
-        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
-    )?;
-    let mut copy = std::fs::File::from(fd);
-    std::io::copy(&mut file.take(MAX_PROGRAM_BYTES), &mut copy)?;
-    let seals = nix::fcntl::SealFlag::F_SEAL_SEAL
-        | nix::fcntl::SealFlag::F_SEAL_SHRINK
-        | nix::fcntl::SealFlag::F_SEAL_GROW
-        | nix::fcntl::SealFlag::F_SEAL_WRITE;
-    nix::fcntl::fcntl(&copy, nix::fcntl::FcntlArg::F_ADD_SEALS(seals))?;
-    Ok(OwnedFd::from(copy))
-}
-
-/// The namespaces of a container's init to enter.
-struct ContainerNamespaces {
-    /// Entered by the child, in order: user first (it grants the
-    /// capabilities over the others when the container has its own), mnt
-    /// last.
-    fds: Vec<OwnedFd>,
-    /// Entered by the thread that spawns the child.
-    pid: Option<OwnedFd>,
-}
-
-/// Opens the namespaces of `pid` that differ from ours. Unlike the host's
-/// (best effort), a namespace of the container that cannot be opened is an
-/// error: the hook must not run outside it.
-fn container_namespaces(pid: u32) -> Result<ContainerNamespaces, Error> {
-    let mut fds = Vec::new();
-    let mut pid_ns = None;
-    for ns in ["user", "cgroup", "ipc", "uts", "net", "pid", "mnt"] {
-        let theirs = PathBuf::from(format!("/proc/{pid}/ns/{ns}"));
-        let spawn = |source| Error::Spawn {
-            path: theirs.clone(),
-            source,
-        };
-        let target = match std::fs::read_link(&theirs) {
-            Ok(t) => t,
-            // A kernel without this namespace type (cgroup before 4.6).
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && ns != "mnt" && ns != "pid" => {
-                if std::fs::metadata(format!("/proc/{pid}")).is_err() {
-                    return Err(spawn(e));
-                }
-                continue;
-            }
-            Err(e) => return Err(spawn(e)),
-        };
-        if std::fs::read_link(format!("/proc/self/ns/{ns}")).is_ok_and(|ours| ours == target) {
-            continue;
-        }
-        let fd = OwnedFd::from(std::fs::File::open(&theirs).map_err(spawn)?);
-        if ns == "pid" {
-            pid_ns = Some(fd);
-        } else {
-            fds.push(fd);
-        }
-    }
-    Ok(ContainerNamespaces { fds, pid: pid_ns })
-}
-
-/// Spawns `cmd` from a new thread that first enters the pid namespace
-/// `ns` for its children, so the child is in it (setns(2) on a pid
-/// namespace changes only where the caller's children go). The thread ends
-/// with the spawn, so nothing else forks from it.
-fn spawn_in_pid_namespace(
-    cmd: &mut tokio::process::Command,
-    ns: &OwnedFd,
-) -> std::io::Result<tokio::process::Child> {
+/// Spawns `cmd` from a thread of its own, which first enters the pid
+/// namespace `held.2` for its children when there is one (setns(2) on a
+/// pid namespace changes only where the caller's children go) and ends
+/// with the spawn, so nothing else forks from it. `None` when the spawn
+/// did not return within `timeout` (its exec is stuck in the container's
+/// file system): the child, if it ever comes, is killed on drop.
+async fn spawn_on_thread(
+    mut cmd: tokio::process::Command,
+    held: SpawnHeld,
+    timeout: Duration,
+) -> std::io::Result<Option<tokio::process::Child>> {
     let handle = tokio::runtime::Handle::current();
-    let fd = ns.as_raw_fd();
-    std::thread::scope(|s| {
-        s.spawn(move || {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("lookout-hook".into())
+        .spawn(move || {
             let _in_runtime = handle.enter();
-            // SAFETY: setns(2) on a namespace fd that outlives this thread.
-            if unsafe { libc::setns(fd, libc::CLONE_NEWPID) } != 0 {
-                return Err(std::io::Error::last_os_error());
+            let (_fds, _program, pid_ns) = held;
+            if let Some(ns) = &pid_ns {
+                // SAFETY: setns(2) on a namespace fd this thread owns.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
+                    let _ = tx.send(Err(std::io::Error::last_os_error()));
+                    return;
+                }
             }
-            cmd.spawn()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
-    })
+            let _ = tx.send(cmd.spawn());
+        })?;
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(spawned)) => spawned.map(Some),
+        Ok(Err(_)) => Err(std::io::Error::other("the spawning thread ended")),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Runs `hook` with `state` on stdin.
@@ -452,11 +370,17 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
     };
     // Kept open until the child is spawned.
     let mut held: Vec<OwnedFd> = Vec::new();
+    let mut program_copy: Option<std::sync::Arc<OwnedFd>> = None;
     let mut pid_ns = None;
-    match opts.container {
+    match &opts.container {
         Some(ic) => {
-            let entered = container_namespaces(ic.pid)?;
+            let entered = crate::container::container_namespaces(ic)?;
             child.namespaces = entered.fds.iter().map(AsRawFd::as_raw_fd).collect();
+            child.undumpable = true;
+            child.creds = match ic.path_in {
+                PathIn::Host => Creds::root(ic.pid, entered.user)?,
+                PathIn::Container => Some(Creds::of(ic.pid, entered.user)?),
+            };
             held.extend(entered.fds);
             pid_ns = entered.pid;
             cmd = match ic.path_in {
@@ -464,12 +388,13 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
                 PathIn::Host => {
                     let here = lookout_host::resolve_in_root(&opts.host_root, &path)
                         .unwrap_or_else(|_| lookout_host::host_path(&opts.host_root, &path));
-                    let program = open_program(&here).map_err(|source| Error::Spawn {
-                        path: path.clone(),
-                        source,
-                    })?;
+                    let program =
+                        crate::container::open_program(&here).map_err(|source| Error::Spawn {
+                            path: path.clone(),
+                            source,
+                        })?;
                     child.exec = Some(ExecFd::new(program.as_raw_fd(), hook, &path));
-                    held.push(program);
+                    program_copy = Some(program);
                     // Never exec'd: the child execs the open file itself.
                     tokio::process::Command::new(&path)
                 }
@@ -537,17 +462,31 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
         cmd.pre_exec(move || child.run());
     }
     let started = Instant::now();
-    let spawned = match pid_ns {
-        // The pid namespace is entered for the children of a thread: spawn
-        // from a thread of our own that enters it and ends.
-        Some(ns) => spawn_in_pid_namespace(&mut cmd, &ns),
-        None => cmd.spawn(),
+    let spawned = if opts.container.is_some() {
+        // Its exec looks the program (or an interpreter) up in the
+        // container's file system, which may never answer: off this
+        // runtime, within the hook's timeout.
+        spawn_on_thread(cmd, (held, program_copy, pid_ns), timeout).await
+    } else {
+        drop(program_copy);
+        let child = cmd.spawn();
+        drop(held);
+        child.map(Some)
     };
-    let mut child = spawned.map_err(|source| Error::Spawn {
+    let spawned = spawned.map_err(|source| Error::Spawn {
         path: path.clone(),
         source,
     })?;
-    drop(held);
+    let Some(mut child) = spawned else {
+        return Ok(Outcome {
+            status: None,
+            timed_out: true,
+            duration: started.elapsed(),
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: false,
+        });
+    };
     let pgid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         // A hook that does not read its stdin must not block us: write

@@ -293,3 +293,57 @@ async fn a_program_run_in_a_container_is_a_sealed_copy_not_the_hosts_file() {
     );
     assert!(!o.stdout.contains("WROTE"), "{}", o.stdout);
 }
+
+/// A createContainer program that is a script or dynamically linked is
+/// refused before anything runs: its interpreter would come from the
+/// container's file system and run as root.
+#[tokio::test]
+async fn a_script_never_runs_as_root_in_a_container() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let script = d.path().join("hook.sh");
+    let marker = d.path().join("ran");
+    std::fs::write(&script, format!("#!/bin/sh\ntouch {}\n", marker.display())).expect("write");
+    let hook = HookBuilder::default()
+        .path(&script)
+        .args(vec!["hook.sh".to_owned()])
+        .build()
+        .expect("hook");
+    let mut opts = RunOptions::default();
+    opts.container = Some(lookout_oci_hooks::InContainer::new(
+        std::process::id(),
+        lookout_oci_hooks::PathIn::Host,
+    ));
+    let e = run_hook(&hook, &state(), &opts).await.expect_err("refused");
+    let chain = lookout_model::Chain(&e).to_string();
+    assert!(chain.contains("a script"), "{chain}");
+    assert!(!marker.exists());
+}
+
+/// A container whose init is gone is never entered, even when its pid
+/// names a process again: the pidfd opened while it was the container's
+/// says it is gone.
+#[tokio::test]
+async fn a_hook_never_enters_a_process_that_took_a_dead_inits_pid() {
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("sleep");
+    let pid = child.id();
+    // SAFETY: pidfd_open(2) on our own child's pid, which it still holds.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    assert!(fd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    // SAFETY: a new fd the kernel just returned, owned by nobody else.
+    let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+    let hook = sh("true");
+    let mut opts = RunOptions::default();
+    // Our own pid stands in for the process that reused the init's.
+    opts.container = Some(
+        lookout_oci_hooks::InContainer::new(std::process::id(), lookout_oci_hooks::PathIn::Host)
+            .with_pidfd(std::sync::Arc::new(pidfd)),
+    );
+    let e = run_hook(&hook, &state(), &opts).await.expect_err("refused");
+    let chain = lookout_model::Chain(&e).to_string();
+    assert!(chain.contains("the container's process is gone"), "{chain}");
+}

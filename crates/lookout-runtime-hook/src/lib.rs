@@ -54,7 +54,7 @@ pub use container::fill as fill_container;
 /// [`lookout_host::proc::container_init`] checked: one `/proc` read fewer.
 pub use container::fill_init as fill_container_init;
 pub use hook::{Builder, DEFAULT_SCHEDULER_SLICE, RuntimeHook, StartupTimes};
-pub use pidfd::{ProcessHandle, kill as kill_process};
+pub use pidfd::{ProcessHandle, kill as kill_process, pidfd_open};
 pub use scan::{Scanner, scan_state, scan_state_in};
 pub use stats::{Health, Observer, Stats};
 pub use untrusted::Refused;

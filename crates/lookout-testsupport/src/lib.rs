@@ -462,4 +462,39 @@ int main(int argc, char **argv) {
         );
         bin
     }
+
+    /// A static program that execs `argv[1]` (a shell: busybox) as `sh`
+    /// with the rest of its arguments: `SHIM BUSYBOX SCRIPT ARGS...` runs
+    /// `sh SCRIPT ARGS...`. A `createContainer` hook must be static (it
+    /// runs as root in the container); the shim lets a test's script be
+    /// one, with a shell the test provides. Built with `gcc -static` into
+    /// `dir`.
+    pub fn static_shim(dir: &Path) -> PathBuf {
+        let src = dir.join("shim.c");
+        let bin = dir.join("shim");
+        std::fs::write(
+            &src,
+            r#"#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    char *shell = argv[1];
+    argv[1] = "sh";
+    execv(shell, argv + 1);
+    return 127;
+}
+"#,
+        )
+        .expect("write shim.c");
+        let status = Command::new("gcc")
+            .args(["-O2", "-static", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("run gcc");
+        assert!(
+            status.success(),
+            "gcc -static failed (is libc6-dev installed?)"
+        );
+        bin
+    }
 }

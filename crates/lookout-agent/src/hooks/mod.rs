@@ -24,6 +24,7 @@
 mod stages;
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -322,6 +323,13 @@ impl Dispatcher {
                     }
                     decision
                 });
+                // The init's pidfd now, while the backend that reported
+                // it knows it is the container's: a hook never enters a
+                // process that reused the pid meanwhile.
+                let init = runs
+                    .then(|| c.pid.and_then(|p| lookout_runtime_hook::pidfd_open(p).ok()))
+                    .flatten()
+                    .map(Arc::new);
                 let d = Arc::clone(self);
                 let e = event.clone();
                 let flight = Counted::new(&self.in_flight);
@@ -343,7 +351,7 @@ impl Dispatcher {
                         d.post_event(ev, &e, config.clone());
                     }
                     if runs {
-                        d.before_start(&e, config.as_ref(), decision).await;
+                        d.before_start(&e, config.as_ref(), decision, init).await;
                     }
                 });
             }
@@ -407,10 +415,20 @@ impl Dispatcher {
         e: &ContainerEvent,
         config: Option<&serde_json::Value>,
         decision: Option<Arc<watch::Sender<Option<StartDecision>>>>,
+        init: Option<Arc<OwnedFd>>,
     ) {
         let mut result: GroupResult = Ok(());
         for group in BEFORE_START {
-            result = self.run_group(e, group, config, decision.as_deref()).await;
+            if group.in_container_only() && decision.is_none() {
+                // Found running (or not held): its createContainer and
+                // startContainer moments are past, and running them now
+                // would run them inside a container that already runs
+                // code of its own.
+                continue;
+            }
+            result = self
+                .run_group_in(e, group, config, decision.as_deref(), init.as_ref())
+                .await;
             if result.is_err() {
                 break;
             }
@@ -512,6 +530,19 @@ impl Dispatcher {
         config: Option<&serde_json::Value>,
         decision: Option<&watch::Sender<Option<StartDecision>>>,
     ) -> GroupResult {
+        self.run_group_in(e, group, config, decision, None).await
+    }
+
+    /// [`Dispatcher::run_group`], entering the container (its stages that
+    /// run there) only while the process behind `init` lives.
+    async fn run_group_in(
+        &self,
+        e: &ContainerEvent,
+        group: Group,
+        config: Option<&serde_json::Value>,
+        decision: Option<&watch::Sender<Option<StartDecision>>>,
+        init: Option<&Arc<OwnedFd>>,
+    ) -> GroupResult {
         let hooks = self.hooks_of(e, group, config);
         if hooks.is_empty() {
             return Ok(());
@@ -538,9 +569,11 @@ impl Dispatcher {
                 };
             }
         };
-        let in_container = group.in_container(c);
-        if matches!(group, Group::CreateContainer | Group::StartContainer) && in_container.is_none()
-        {
+        let in_container = group.in_container(c).map(|ic| match init {
+            Some(fd) => ic.with_pidfd(Arc::clone(fd)),
+            None => ic,
+        });
+        if group.in_container_only() && in_container.is_none() {
             // No process to enter: never run them in the host's
             // namespaces instead.
             tracing::warn!(

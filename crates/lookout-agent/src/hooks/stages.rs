@@ -62,6 +62,12 @@ impl Group {
         }
     }
 
+    /// Whether its hooks run inside the container (and so only before
+    /// its start, never in one found running).
+    pub(crate) fn in_container_only(self) -> bool {
+        matches!(self, Group::CreateContainer | Group::StartContainer)
+    }
+
     /// Whether a failure here stops the container (the runtime spec: every
     /// stage before the start; `poststart` and `poststop` only warn).
     pub(crate) fn stops_the_container(self) -> bool {
@@ -184,17 +190,14 @@ mod tests {
     #[test]
     fn only_the_container_stages_run_in_the_container() {
         let mut c = Container::new("c1", RuntimeKind::Runc);
-        assert_eq!(Group::CreateContainer.in_container(&c), None, "no pid");
+        assert!(Group::CreateContainer.in_container(&c).is_none(), "no pid");
         c.pid = Some(7);
-        assert_eq!(
-            Group::CreateContainer.in_container(&c),
-            Some(InContainer::new(7, PathIn::Host))
-        );
-        assert_eq!(
-            Group::StartContainer.in_container(&c),
-            Some(InContainer::new(7, PathIn::Container))
-        );
-        assert_eq!(Group::CreateRuntime.in_container(&c), None);
-        assert_eq!(Group::Poststart.in_container(&c), None);
+        let at = |g: Group| g.in_container(&c).map(|ic| (ic.pid, ic.path_in));
+        assert_eq!(at(Group::CreateContainer), Some((7, PathIn::Host)));
+        assert_eq!(at(Group::StartContainer), Some((7, PathIn::Container)));
+        assert_eq!(at(Group::CreateRuntime), None);
+        assert_eq!(at(Group::Poststart), None);
+        assert!(Group::CreateContainer.in_container_only());
+        assert!(!Group::Prestart.in_container_only());
     }
 }

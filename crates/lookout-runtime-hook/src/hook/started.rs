@@ -68,6 +68,7 @@ pub(super) fn watch(
         }
         if let Some((init, before)) = waiting {
             let until = tokio::time::Instant::now() + EXEC_WAIT;
+            let mut pause = Duration::from_micros(250);
             while exe_of(init).is_some_and(|now| now == before) {
                 if tokio::time::Instant::now() >= until {
                     tracing::debug!(
@@ -77,18 +78,20 @@ pub(super) fn watch(
                     );
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
             }
         }
         barrier.started(&id);
     });
 }
 
-/// The file `pid` executes, as (device, inode); `None` once it is gone.
-fn exe_of(pid: u32) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
-    Some((m.dev(), m.ino()))
+/// The file `pid` executes, as its path; `None` once it is gone. A
+/// readlink: the link's text comes from the kernel, never from the file
+/// system the container's program is on (a stat there could hang on a
+/// file system the container chose).
+fn exe_of(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
 fn fifo_exists(fifo: &std::path::Path) -> bool {
