@@ -290,7 +290,7 @@ fn a_hanging_hook_is_killed_at_the_timeout_and_blocks_nothing_else() {
     let removed = agent.wait_event(&slow, "removed", Duration::from_secs(10));
     let reason = removed["reason"].as_str().unwrap_or_default();
     assert!(
-        reason.starts_with("denied by hooks: createRuntime hook hang.json"),
+        reason.starts_with("denied by hooks: prestart hook hang.json: timed out"),
         "{removed}"
     );
     rt.cleanup(&slow);

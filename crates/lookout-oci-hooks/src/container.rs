@@ -459,8 +459,11 @@ impl Creds {
     }
 }
 
-/// The `inside outside count` lines of `pid`'s `uid_map` or `gid_map`.
-fn id_map(pid: u32, file: &str) -> Result<(PathBuf, Vec<(u64, u64, u64)>), Error> {
+/// `inside outside count`: a line of a `uid_map` or `gid_map`.
+type IdRange = (u64, u64, u64);
+
+/// The lines of `pid`'s `uid_map` or `gid_map` (and the file's path).
+fn id_map(pid: u32, file: &str) -> Result<(PathBuf, Vec<IdRange>), Error> {
     let path = PathBuf::from(format!("/proc/{pid}/{file}"));
     let text = std::fs::read_to_string(&path).map_err(|source| Error::Spawn {
         path: path.clone(),

@@ -39,6 +39,9 @@ pub struct RunOptions {
     /// a marked runtime binary keeps the group alive, and the kernel's
     /// "listener gone, allow everything" safety net with it.
     pub close_fds: Vec<RawFd>,
+    /// No hook runs longer than this, whatever its own timeout (what is
+    /// left of a container's start budget). `None`: no cap.
+    pub max_timeout: Option<Duration>,
     /// Enter the namespaces of this process (pid 1 for the host's, from a
     /// pod with `hostPID`) before exec: mnt, net, ipc, uts. `None`: stay in
     /// ours. Not used with [`RunOptions::container`].
@@ -60,6 +63,7 @@ impl Default for RunOptions {
             close_fds: Vec::new(),
             namespaces_of: None,
             container: None,
+            max_timeout: None,
         }
     }
 }
@@ -360,7 +364,8 @@ pub async fn run_hook(hook: &Hook, state: &State, opts: &RunOptions) -> Result<O
     let timeout = hook
         .timeout()
         .filter(|t| *t > 0)
-        .map_or(opts.default_timeout, |t| Duration::from_secs(t as u64));
+        .map_or(opts.default_timeout, |t| Duration::from_secs(t as u64))
+        .min(opts.max_timeout.unwrap_or(Duration::MAX));
     let mut cmd;
     // What the child does between fork and exec, prepared here: after the
     // fork only async-signal-safe calls on what exists already.

@@ -417,6 +417,14 @@ impl Dispatcher {
         decision: Option<Arc<watch::Sender<Option<StartDecision>>>>,
         init: Option<Arc<OwnedFd>>,
     ) {
+        // What is left of the start's budget caps every hook before it: a
+        // hook never holds a process slot past its container's decision.
+        // (With `--hook-failure warn` the start goes on at its deadline and
+        // the hooks keep their own timeouts.)
+        let until = decision
+            .as_ref()
+            .filter(|_| self.settings.on_failure == OnHookFailure::Stop)
+            .map(|_| Instant::now() + self.settings.timeout);
         let mut result: GroupResult = Ok(());
         for group in BEFORE_START {
             if group.in_container_only() && decision.is_none() {
@@ -427,7 +435,13 @@ impl Dispatcher {
                 continue;
             }
             result = self
-                .run_group_in(e, group, config, decision.as_deref(), init.as_ref())
+                .run_group_in(
+                    e,
+                    group,
+                    config,
+                    (decision.as_deref(), until),
+                    init.as_ref(),
+                )
                 .await;
             if result.is_err() {
                 break;
@@ -530,7 +544,8 @@ impl Dispatcher {
         config: Option<&serde_json::Value>,
         decision: Option<&watch::Sender<Option<StartDecision>>>,
     ) -> GroupResult {
-        self.run_group_in(e, group, config, decision, None).await
+        self.run_group_in(e, group, config, (decision, None), None)
+            .await
     }
 
     /// [`Dispatcher::run_group`], entering the container (its stages that
@@ -540,7 +555,10 @@ impl Dispatcher {
         e: &ContainerEvent,
         group: Group,
         config: Option<&serde_json::Value>,
-        decision: Option<&watch::Sender<Option<StartDecision>>>,
+        (decision, until): (
+            Option<&watch::Sender<Option<StartDecision>>>,
+            Option<Instant>,
+        ),
         init: Option<&Arc<OwnedFd>>,
     ) -> GroupResult {
         let hooks = self.hooks_of(e, group, config);
@@ -605,6 +623,7 @@ impl Dispatcher {
                 self.count(group, "not_run", hooks.len() - i);
                 return Err("the start's deadline passed".into());
             }
+            opts.max_timeout = until.map(|u| u.saturating_duration_since(Instant::now()));
             let outcome = self.claimed(c, group, name, hook, &state, &opts).await;
             if let Err(reason) = outcome
                 && stops
