@@ -348,6 +348,7 @@ mod tests {
                 "exec",
                 "discovery",
                 "consumers",
+                "hooks",
                 "nri",
                 "pinned-maps",
                 "inode-map"
@@ -408,9 +409,9 @@ mod tests {
     }
 
     #[test]
-    fn a_full_run_is_agent_pinned_maps_then_inode_map() {
+    fn a_full_run_is_agent_hooks_pinned_maps_then_inode_map() {
         let parts = selected(None).expect("no --only");
         let names: Vec<&str> = parts.iter().map(|p| p.name).collect();
-        assert_eq!(names, ["agent", "pinned-maps", "inode-map"]);
+        assert_eq!(names, ["agent", "hooks", "pinned-maps", "inode-map"]);
     }
 }

@@ -325,8 +325,9 @@ impl Dispatcher {
                 });
                 // The init's pidfd now, while the backend that reported
                 // it knows it is the container's: a hook never enters a
-                // process that reused the pid meanwhile.
-                let init = runs
+                // process that reused the pid meanwhile. Only hooks.d files
+                // run in a container, and only before a held start.
+                let init = (decision.is_some() && !self.settings.dirs.is_empty())
                     .then(|| c.pid.and_then(|p| lookout_runtime_hook::pidfd_open(p).ok()))
                     .flatten()
                     .map(Arc::new);

@@ -31,6 +31,9 @@ pub(crate) struct Held {
     /// When the event was read, for the answer-latency metric.
     since: Instant,
     counters: Arc<Counters>,
+    /// Run once the exec is allowed (watching what it does next), never
+    /// when it is denied.
+    after_allow: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Held {
@@ -41,12 +44,22 @@ impl Held {
             _slot: counters.outstanding.enter(since),
             since,
             counters: Arc::clone(counters),
+            after_allow: None,
         }
+    }
+
+    /// Runs `then` once the exec is allowed (after the answer, so it costs
+    /// the exec nothing), and never if it is denied.
+    pub fn after_allow(&mut self, then: impl FnOnce() + Send + 'static) {
+        self.after_allow = Some(Box::new(then));
     }
 
     /// Allows the exec and records how long it waited.
     pub fn allow(self) {
         allow(&self.counters, self.perm, self.since);
+        if let Some(then) = self.after_allow {
+            then();
+        }
     }
 
     /// Denies the exec (the runtime sees `EPERM`) and records how long it

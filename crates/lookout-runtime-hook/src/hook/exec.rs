@@ -117,6 +117,7 @@ impl RuntimeHook {
             // The container is still `created`: the lifecycle reports it
             // before its process may run.
             Command::Start { id } => {
+                let mut perm = perm;
                 if let Some(barrier) = self.config.start_barrier.as_ref().filter(|_| pid != 0) {
                     let root = inv
                         .root
@@ -126,8 +127,16 @@ impl RuntimeHook {
                         &self.config.host_root,
                         &root.join(id).join("exec.fifo"),
                     );
-                    let init = self.lifecycle.tracked_pid(id);
-                    super::started::watch(pid, init, fifo, id.clone(), Arc::clone(barrier));
+                    // What the init runs while it waits, read now.
+                    let init = super::started::waiting(self.lifecycle.tracked_pid(id));
+                    let (id, barrier) = (id.clone(), Arc::clone(barrier));
+                    let watch = move || super::started::watch(pid, init, fifo, id, barrier);
+                    // Watched once allowed: a start held for its hooks or
+                    // gates holds no watcher (nor its pidfd) meanwhile.
+                    match perm.as_mut() {
+                        Some(held) => held.after_allow(watch),
+                        None => watch(),
+                    }
                 }
                 self.step(
                     Input::Start {

@@ -24,42 +24,34 @@ const START_RETURN_DEADLINE: Duration = Duration::from_secs(120);
 const EXEC_WAIT: Duration = Duration::from_secs(1);
 
 /// Watches the `start` exec `pid` of container `id` (whose exec fifo is
-/// `fifo`, as this process sees it, and whose init is `init` when known)
+/// `fifo`, as this process sees it, and whose init is `waiting` when known)
 /// and tells `barrier` once it returned with the container started and its
 /// process past the exec of its program (the runtime spec: `poststart`
-/// runs "after the user-specified process is executed"). The pidfd is
-/// opened now, while the exec is held or just allowed, so a reused pid is
-/// never watched.
+/// runs "after the user-specified process is executed"). Called once the
+/// `start` is allowed, which it then runs: its pidfd, opened now, is its
+/// (a pid reused later is never watched).
 pub(super) fn watch(
     pid: u32,
-    init: Option<u32>,
+    waiting: Option<Waiting>,
     fifo: PathBuf,
     id: String,
     barrier: Arc<dyn StartBarrier>,
 ) {
-    // The runtime's init program, which the container's process replaces.
-    let waiting = init.and_then(|i| exe_of(i).map(|exe| (i, exe)));
-    let pidfd = match crate::pidfd::pidfd_open(pid) {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::debug!(id, pid, error = %e, "`start` exited before it could be watched");
-            // Gone already (fanotify-only mode reads argv after the
-            // exec): the fifo alone tells.
-            if !fifo_exists(&fifo) {
-                barrier.started(&id);
-            }
-            return;
-        }
-    };
+    // Gone already (it returned before it was watched, or fanotify-only
+    // mode read its argv after the exec): the fifo alone tells.
+    let pidfd = crate::pidfd::pidfd_open(pid).ok();
     tokio::spawn(async move {
-        let exited = tokio::time::timeout(START_RETURN_DEADLINE, crate::pidfd::wait_exit(pidfd));
-        if !matches!(exited.await, Ok(Ok(()))) {
-            tracing::warn!(
-                id,
-                deadline = ?START_RETURN_DEADLINE,
-                "the runtime's `start` did not return: what runs after a start (poststart hooks) does not run"
-            );
-            return;
+        if let Some(pidfd) = pidfd {
+            let exited =
+                tokio::time::timeout(START_RETURN_DEADLINE, crate::pidfd::wait_exit(pidfd));
+            if !matches!(exited.await, Ok(Ok(()))) {
+                tracing::warn!(
+                    id,
+                    deadline = ?START_RETURN_DEADLINE,
+                    "the runtime's `start` did not return: what runs after a start (poststart hooks) does not run"
+                );
+                return;
+            }
         }
         if fifo_exists(&fifo) {
             // Denied, or failed: the container was not released.
@@ -84,6 +76,15 @@ pub(super) fn watch(
         }
         barrier.started(&id);
     });
+}
+
+/// The container's init and the program it runs while it waits for its
+/// start (the runtime's init), read before the start is allowed.
+pub(super) type Waiting = (u32, PathBuf);
+
+/// The container's init `init` as it waits for its start, if it is there.
+pub(super) fn waiting(init: Option<u32>) -> Option<Waiting> {
+    init.and_then(|i| exe_of(i).map(|exe| (i, exe)))
 }
 
 /// The file `pid` executes, as its path; `None` once it is gone. A
