@@ -33,7 +33,7 @@ pub(crate) struct Held {
     counters: Arc<Counters>,
     /// Run once the exec is allowed (watching what it does next), never
     /// when it is denied.
-    after_allow: Option<Box<dyn FnOnce() + Send>>,
+    after_allow: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl Held {
@@ -50,7 +50,7 @@ impl Held {
 
     /// Runs `then` once the exec is allowed (after the answer, so it costs
     /// the exec nothing), and never if it is denied.
-    pub fn after_allow(&mut self, then: impl FnOnce() + Send + 'static) {
+    pub fn after_allow(&mut self, then: impl FnOnce() + Send + Sync + 'static) {
         self.after_allow = Some(Box::new(then));
     }
 
