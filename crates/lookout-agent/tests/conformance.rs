@@ -196,6 +196,43 @@ fn shapes(
     (hooks, command)
 }
 
+/// A runc bundle like podman's container: busybox, the recorder's
+/// command, `annotations`, the recorder's directory at the same path.
+fn runc_bundle(rec: &Recorder, dir: &Path, annotations: &[(&str, &str)]) -> std::path::PathBuf {
+    let command = rec.container_command();
+    let args: Vec<&str> = command.iter().map(String::as_str).collect();
+    bundle::busybox(dir, &args, |c| {
+        c["annotations"] = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        let r = rec.dir().to_str().expect("utf-8");
+        c["mounts"].as_array_mut().expect("mounts").push(
+            json!({"destination": r, "source": r, "type": "bind", "options": ["rbind", "rw"]}),
+        );
+    })
+}
+
+/// The recorder's command under `podman` with `hooks` and `annotations`.
+fn podman_run(
+    podman: &Podman,
+    rec: &Recorder,
+    hooks: &Path,
+    d: &Path,
+    annotations: &[(&str, &str)],
+) -> lookout_testsupport::podman::RunResult {
+    let rootfs = busybox_rootfs(&d.join("podman-bundle"));
+    let mut opts = RunOptions::new(&rootfs)
+        .hooks_dir(hooks)
+        .bind_same(rec.dir())
+        .command(rec.container_command());
+    for (k, v) in annotations {
+        opts = opts.annotation(k, v);
+    }
+    podman.run(&opts).expect("podman run")
+}
+
 fn host_mnt() -> u64 {
     lookout_testsupport::podman::host_mnt_ns().expect("the host's mount namespace")
 }
@@ -220,15 +257,7 @@ fn lookout_runs_a_hooks_d_directory_as_podman_does() {
 
     // podman.
     let podman = Podman::new().expect("podman");
-    let rootfs = busybox_rootfs(&d.join("podman-bundle"));
-    let mut opts = RunOptions::new(&rootfs)
-        .hooks_dir(&hooks)
-        .bind_same(rec.dir())
-        .command(rec.container_command());
-    for (k, v) in annotations {
-        opts = opts.annotation(k, v);
-    }
-    let ran = podman.run(&opts).expect("podman run");
+    let ran = podman_run(&podman, &rec, &hooks, d, &annotations);
     assert!(
         ran.status.success(),
         "podman run: {}\n{}",
@@ -253,19 +282,7 @@ fn lookout_runs_a_hooks_d_directory_as_podman_does() {
     let rt = Runtime::runc();
     let agent = Agent::start(&rt, &["--hooks-dir", hooks.to_str().expect("utf-8")]);
     let id = id("conformance");
-    let command = rec.container_command();
-    let args: Vec<&str> = command.iter().map(String::as_str).collect();
-    let b = bundle::busybox(&d.join("b"), &args, |c| {
-        c["annotations"] = annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), json!(v)))
-            .collect::<serde_json::Map<_, _>>()
-            .into();
-        let r = rec.dir().to_str().expect("utf-8");
-        c["mounts"].as_array_mut().expect("mounts").push(
-            json!({"destination": r, "source": r, "type": "bind", "options": ["rbind", "rw"]}),
-        );
-    });
+    let b = runc_bundle(&rec, &d.join("b"), &annotations);
     let pid_file = d.join("init.pid");
     rt.ok(&[
         "create",
@@ -368,15 +385,7 @@ fn a_failing_create_container_hook_stops_the_container_under_podman_and_lookout(
     let fail = [("fail", "createContainer"), ("lookout-test", TEST)];
 
     let podman = Podman::new().expect("podman");
-    let rootfs = busybox_rootfs(&d.join("podman-bundle"));
-    let mut opts = RunOptions::new(&rootfs)
-        .hooks_dir(&hooks)
-        .bind_same(rec.dir())
-        .command(rec.container_command());
-    for (k, v) in fail {
-        opts = opts.annotation(k, v);
-    }
-    let ran = podman.run(&opts).expect("podman run");
+    let ran = podman_run(&podman, &rec, &hooks, d, &fail);
     assert!(
         !ran.status.success(),
         "podman ran the container: {}",
@@ -404,19 +413,7 @@ fn a_failing_create_container_hook_stops_the_container_under_podman_and_lookout(
     let rt = Runtime::runc();
     let agent = Agent::start(&rt, &["--hooks-dir", hooks.to_str().expect("utf-8")]);
     let id = id("conformance-fail");
-    let command = rec.container_command();
-    let args: Vec<&str> = command.iter().map(String::as_str).collect();
-    let b = bundle::busybox(&d.join("b"), &args, |c| {
-        c["annotations"] = fail
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), json!(v)))
-            .collect::<serde_json::Map<_, _>>()
-            .into();
-        let r = rec.dir().to_str().expect("utf-8");
-        c["mounts"].as_array_mut().expect("mounts").push(
-            json!({"destination": r, "source": r, "type": "bind", "options": ["rbind", "rw"]}),
-        );
-    });
+    let b = runc_bundle(&rec, &d.join("b"), &fail);
     rt.ok(&["create", "--bundle", b.to_str().expect("utf-8"), &id]);
     let refused = match rt.command().args(["start", &id]).output() {
         Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,

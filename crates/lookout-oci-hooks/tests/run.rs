@@ -279,11 +279,7 @@ async fn a_program_run_in_a_container_is_a_sealed_copy_not_the_hosts_file() {
         ])
         .build()
         .expect("hook");
-    let mut opts = RunOptions::default();
-    opts.container = Some(lookout_oci_hooks::InContainer::new(
-        std::process::id(),
-        lookout_oci_hooks::PathIn::Host,
-    ));
+    let opts = in_our_own_namespaces();
     let o = run_hook(&hook, &state(), &opts).await.expect("ran");
     assert!(
         o.stdout.starts_with("/memfd:lookout-hook"),
@@ -308,11 +304,7 @@ async fn a_script_never_runs_as_root_in_a_container() {
         .args(vec!["hook.sh".to_owned()])
         .build()
         .expect("hook");
-    let mut opts = RunOptions::default();
-    opts.container = Some(lookout_oci_hooks::InContainer::new(
-        std::process::id(),
-        lookout_oci_hooks::PathIn::Host,
-    ));
+    let opts = in_our_own_namespaces();
     let e = run_hook(&hook, &state(), &opts).await.expect_err("refused");
     let chain = lookout_model::Chain(&e).to_string();
     assert!(chain.contains("a script"), "{chain}");
@@ -346,4 +338,16 @@ async fn a_hook_never_enters_a_process_that_took_a_dead_inits_pid() {
     let e = run_hook(&hook, &state(), &opts).await.expect_err("refused");
     let chain = lookout_model::Chain(&e).to_string();
     assert!(chain.contains("the container's process is gone"), "{chain}");
+}
+
+/// Options that run a hook "in a container" whose namespaces are ours:
+/// nothing to enter, so no root needed, and everything else of a
+/// `createContainer` run (the program's copy, its checks, the identity).
+fn in_our_own_namespaces() -> RunOptions {
+    let mut opts = RunOptions::default();
+    opts.container = Some(lookout_oci_hooks::InContainer::new(
+        std::process::id(),
+        lookout_oci_hooks::PathIn::Host,
+    ));
+    opts
 }

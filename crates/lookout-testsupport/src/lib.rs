@@ -450,16 +450,7 @@ int main(int argc, char **argv) {
 "#,
         )
         .expect("write stamp.c");
-        let status = Command::new("gcc")
-            .args(["-O2", "-static", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .expect("run gcc");
-        assert!(
-            status.success(),
-            "gcc -static failed (is libc6-dev installed?)"
-        );
+        gcc_static(&src, &bin);
         bin
     }
 
@@ -485,16 +476,21 @@ int main(int argc, char **argv) {
 "#,
         )
         .expect("write shim.c");
+        gcc_static(&src, &bin);
+        bin
+    }
+
+    /// `gcc -O2 -static -o bin src`, or a panic that says what to install.
+    fn gcc_static(src: &Path, bin: &Path) {
         let status = Command::new("gcc")
             .args(["-O2", "-static", "-o"])
-            .arg(&bin)
-            .arg(&src)
+            .arg(bin)
+            .arg(src)
             .status()
             .expect("run gcc");
         assert!(
             status.success(),
             "gcc -static failed (is libc6-dev installed?)"
         );
-        bin
     }
 }
