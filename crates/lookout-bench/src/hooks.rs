@@ -1,7 +1,7 @@
 //! The hooks part (issue #57): what OCI hooks add to a container's
 //! `runc start`, side by side in one run: an agent without hooks, one with
-//! a single `prestart` hook (`/bin/true` from a hooks.d file), and one with
-//! a `/bin/true` hook at every stage (`createContainer` and
+//! a single `prestart` hook (busybox's `true` from a hooks.d file), and one
+//! with such a hook at every stage (`createContainer` and
 //! `startContainer` run in the container's namespaces, `poststart` after
 //! the start). With `--against REV`, REV's agent runs beside this tree's
 //! with no hooks and with the single `prestart` hook.
@@ -31,14 +31,17 @@ const STAGES: [&str; 6] = [
     "poststop",
 ];
 
-/// A hooks.d directory at `dir` with a `/bin/true` hook for each of
+/// A hooks.d directory at `dir` with a busybox `true` hook for each of
 /// `stages`, for every container.
 fn hooks_dir(dir: &Path, stages: &[&str]) -> anyhow::Result<String> {
     std::fs::create_dir_all(dir)?;
     for (i, stage) in stages.iter().enumerate() {
         let file = json!({
             "version": "1.0.0",
-            "hook": {"path": "/bin/true", "args": ["true"]},
+            // busybox-static's `true`: static (a createContainer hook
+            // must be) and at the same path in the bench's bundle (where
+            // startContainer looks it up).
+            "hook": {"path": "/bin/busybox", "args": ["true"]},
             "when": {"always": true},
             "stages": [stage],
         });

@@ -261,7 +261,9 @@ pub(crate) fn gate_rounds(
     for r in 0..WARMUP + rounds {
         let ids: Vec<String> = labels
             .iter()
-            .map(|n| format!("bench-gate{n}-{r}"))
+            // This run's own ids: a run that failed half-way leaves its
+            // containers in runc's root.
+            .map(|n| format!("bench-gate{n}-{r}-{}", std::process::id()))
             .collect();
         let mut order: Vec<usize> = (0..targets.len()).collect();
         shuffle(&mut rng, &mut order);
