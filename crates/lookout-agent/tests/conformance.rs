@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use lookout_testsupport::bundle;
 use lookout_testsupport::podman::{
-    Action, COMMAND, Podman, Record, Recorder, RunOptions, busybox_rootfs, require_podman,
+    Action, COMMAND, Podman, Record, Recorder, RunOptions, STAGES, busybox_rootfs, require_podman,
     write_hook,
 };
 use serde_json::json;
@@ -64,15 +64,7 @@ fn hooks_dir(rec: &Recorder, dir: &Path, test: &str) {
         when
     };
     let always = mine(json!({"always": true}));
-    let stages = [
-        "prestart",
-        "createRuntime",
-        "createContainer",
-        "startContainer",
-        "poststart",
-        "poststop",
-    ];
-    for (i, stage) in stages.iter().enumerate() {
+    for (i, stage) in STAGES.iter().enumerate() {
         let mut hook = rec.hook(stage, &[stage], always.clone(), Action::Ok, None);
         if *stage == "createContainer" {
             static_hook(rec, &mut hook);
